@@ -1,0 +1,59 @@
+# Two commands: `make run` starts the server, `make test` runs the whole suite.
+# Both create .venv when missing and install what they need into it.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+HOST ?= 127.0.0.1
+PORT ?= 8080
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+DEBIAN_TEST_PACKAGES := espeak-ng
+
+.PHONY: run test install install-test system-test-deps lint bench clean
+
+run: install
+	$(PY) -m server serve --host $(HOST) --port $(PORT)
+
+test: install-test system-test-deps
+	$(PY) -m pytest -q
+
+install: $(STAMP)
+install-test: $(TEST_STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q -e .
+	touch $@
+
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+# Debian packages the tests use (speech fixtures). Installed when missing and running as
+# root; otherwise the command to run is printed and the step fails.
+system-test-deps:
+	@missing=""; for pkg in $(DEBIAN_TEST_PACKAGES); do \
+	  dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "missing Debian packages:$$missing; run: sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
+	fi
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: install-test
+	$(PY) bench/rtt.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,163 @@
+"""The engine protocol: what every streaming model looks like to the media path.
+
+An engine is loaded once per process and shared by every session. Everything that belongs to
+one stream (recurrent state, buffered samples, native handles) lives in a per-session state
+object made by ``new_state``, so the weights are shared and the streams never are.
+
+Transforms are driven as ``out, state = engine.process(state, chunk)``: chunks are float32
+mono at ``engine.sample_rate`` and may have any length; an engine with a fixed hop buffers
+the remainder in its state and returns as many samples as it could produce.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+StateT = TypeVar("StateT")
+
+
+class EngineKind(str, enum.Enum):
+    """What goes in and what comes out of an engine."""
+
+    TRANSFORM = "transform"  # audio in, audio out
+    SPEAK = "speak"  # text in, audio out
+
+
+class EngineError(Exception):
+    """Base class for errors an engine reports to its caller."""
+
+
+class OptionsError(EngineError):
+    """Session options that do not match the engine's schema; the message names the option."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot load here: the message says what to install or which path to set."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One session option, served as a JSON-schema property by ``GET /engines``."""
+
+    name: str
+    type: str  # "number", "integer", "boolean" or "string"
+    default: Any
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    def schema(self) -> dict[str, Any]:
+        prop: dict[str, Any] = {
+            "type": self.type,
+            "default": self.default,
+            "description": self.description,
+        }
+        if self.minimum is not None:
+            prop["minimum"] = self.minimum
+        if self.maximum is not None:
+            prop["maximum"] = self.maximum
+        if self.choices is not None:
+            prop["enum"] = list(self.choices)
+        return prop
+
+    def coerce(self, value: Any) -> Any:
+        """Check one supplied value against the spec and return it in its canonical type."""
+        if self.type == "boolean":
+            if not isinstance(value, bool):
+                raise OptionsError(f"option '{self.name}' must be true or false")
+            return value
+        if self.type in ("number", "integer"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise OptionsError(f"option '{self.name}' must be a number")
+            if self.type == "integer" and int(value) != value:
+                raise OptionsError(f"option '{self.name}' must be an integer")
+            if not np.isfinite(value):
+                raise OptionsError(f"option '{self.name}' must be finite")
+            if self.minimum is not None and value < self.minimum:
+                raise OptionsError(f"option '{self.name}' must be >= {self.minimum}")
+            if self.maximum is not None and value > self.maximum:
+                raise OptionsError(f"option '{self.name}' must be <= {self.maximum}")
+            return int(value) if self.type == "integer" else float(value)
+        if not isinstance(value, str):
+            raise OptionsError(f"option '{self.name}' must be a string")
+        if self.choices is not None and value not in self.choices:
+            raise OptionsError(f"option '{self.name}' must be one of {', '.join(self.choices)}")
+        return value
+
+
+@dataclass
+class Engine(ABC, Generic[StateT]):
+    """A model loaded once per process; sessions talk to it only through their own state."""
+
+    name: str
+    kind: EngineKind
+    sample_rate: int
+    hop_size: int
+    delay_ms: float
+    description: str
+    option_specs: tuple[OptionSpec, ...] = field(default=())
+    # True when a call costs a few microseconds, so running it in a worker thread would cost
+    # more (the thread handoff) than the work itself. Such engines run on the event loop.
+    runs_inline: bool = False
+
+    def validate_options(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Return the complete option set: defaults overlaid with the supplied values."""
+        raw = raw or {}
+        specs = {spec.name: spec for spec in self.option_specs}
+        unknown = sorted(set(raw) - set(specs))
+        if unknown:
+            known = ", ".join(specs) or "none"
+            raise OptionsError(
+                f"unknown option '{unknown[0]}' for engine '{self.name}' (known: {known})"
+            )
+        options = {name: spec.default for name, spec in specs.items()}
+        for name, value in raw.items():
+            options[name] = specs[name].coerce(value)
+        return options
+
+    def describe(self) -> dict[str, Any]:
+        """The engine as ``GET /engines`` serves it."""
+        return {
+            "name": self.name,
+            "kind": self.kind.value,
+            "description": self.description,
+            "sample_rate": self.sample_rate,
+            "hop_size": self.hop_size,
+            "delay_ms": self.delay_ms,
+            "options": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {spec.name: spec.schema() for spec in self.option_specs},
+            },
+        }
+
+    @abstractmethod
+    def new_state(self, options: Mapping[str, Any]) -> StateT:
+        """A fresh per-session state for already validated options."""
+
+    def close_state(self, state: StateT) -> None:
+        """Release what a state holds outside the Python heap; called once per state."""
+
+
+class TransformEngine(Engine[StateT]):
+    """Audio in, audio out, one chunk at a time, with all stream memory in the state."""
+
+    @abstractmethod
+    def process(self, state: StateT, chunk: np.ndarray) -> tuple[np.ndarray, StateT]:
+        """Consume ``chunk`` (float32 mono) and return the audio ready so far."""
+
+    @abstractmethod
+    def flush(self, state: StateT) -> np.ndarray:
+        """Return what is still held inside the state at the end of a stream."""
+
+    def reset_state(self, state: StateT, options: Mapping[str, Any]) -> StateT:
+        """Replace a state after an error: the session survives, the stream gets a short gap."""
+        self.close_state(state)
+        return self.new_state(options)

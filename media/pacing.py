@@ -1,0 +1,124 @@
+"""The slot schedule that decides when each outgoing 20 ms frame may leave.
+
+aiortc's sender does no pacing: it sends whatever ``recv()`` returns as soon as it returns.
+The pacer gives every frame a slot ``anchor + index * 20 ms``. A frame that is ready goes
+out at once, but never before its slot starts, so a burst (TTS faster than real time, a
+jitter buffer releasing a backlog) still leaves at 50 frames per second. When a slot ends
+with nothing ready, the slot is filled with silence and counted as an underrun.
+
+Phase lock: the anchor is set half a slot before the first frame became ready. Frames then
+become ready near the middle of their slots, so arrival jitter up to +-10 ms costs no
+waiting and no silence, and a transform adds no pacing delay on a steady input.
+
+A caller that comes back late (a busy loop) does not get a burst of catch-up frames: the
+schedule skips to the current slot, and the skipped slots leave a gap in the timestamps
+that the receiver conceals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from media.frames import FRAME_MS, FRAME_SAMPLES
+from media.ringbuffer import RingBuffer
+
+FRAME_SECONDS = FRAME_MS / 1000
+
+
+class FramePacer:
+    """Hands out one frame of samples per slot from a ring buffer fed by the engine worker.
+
+    ``max_backlog`` bounds the audio waiting in the buffer at the moment a frame is taken:
+    beyond it the oldest audio is dropped (counted), so latency cannot grow without bound.
+    ``None`` keeps everything (speech synthesised ahead of time must all be played).
+    """
+
+    def __init__(
+        self,
+        source: RingBuffer,
+        *,
+        frame_samples: int = FRAME_SAMPLES,
+        frame_seconds: float = FRAME_SECONDS,
+        max_backlog: int | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._source = source
+        self._frame_samples = frame_samples
+        self._frame_seconds = frame_seconds
+        self._max_backlog = max_backlog
+        self._clock = clock or asyncio.get_running_loop().time
+        self._ready = asyncio.Event()
+        self._silence = np.zeros(frame_samples, dtype=np.float32)
+        self._anchor: float | None = None
+        self.index = -1  # slot of the frame handed out last
+        self.frames = 0
+        self.underruns = 0
+        self.skipped_slots = 0
+        self.backlog_dropped = 0  # samples
+
+    def notify(self) -> None:
+        """Called after audio was written to the source, to wake a waiting ``next_frame``."""
+        self._ready.set()
+
+    def restart(self) -> None:
+        """Forget the schedule: the next frame that becomes ready anchors a new one."""
+        self._anchor = None
+
+    @property
+    def pts(self) -> int:
+        """Timestamp of the last frame, in samples: slots, not frames, so gaps stay gaps."""
+        return self.index * self._frame_samples
+
+    def _has_frame(self) -> bool:
+        return self._source.available >= self._frame_samples
+
+    async def _wait_for_frame(self, deadline: float | None) -> bool:
+        while not self._has_frame():
+            self._ready.clear()
+            if deadline is None:
+                await self._ready.wait()
+                continue
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return False
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._ready.wait()
+            except TimeoutError:
+                return self._has_frame()
+        return True
+
+    async def next_frame(self) -> tuple[np.ndarray, bool]:
+        """Wait for the next slot; return its samples and whether they are filler silence."""
+        if self._anchor is None:
+            await self._wait_for_frame(deadline=None)
+            first_index = self.index + 1
+            self._anchor = self._clock() - (first_index + 0.5) * self._frame_seconds
+            self.index = first_index
+        else:
+            self.index += 1
+            current = math.floor((self._clock() - self._anchor) / self._frame_seconds)
+            if current > self.index:
+                self.skipped_slots += current - self.index
+                self.index = current
+        slot_start = self._anchor + self.index * self._frame_seconds
+        self.frames += 1
+        if not await self._wait_for_frame(deadline=slot_start + self._frame_seconds):
+            self.underruns += 1
+            return self._silence, True
+        early = slot_start - self._clock()
+        if early > 0:
+            await asyncio.sleep(early)
+        self._trim_backlog()
+        return self._source.read(self._frame_samples), False
+
+    def _trim_backlog(self) -> None:
+        if self._max_backlog is None:
+            return
+        excess = self._source.available - max(self._max_backlog, self._frame_samples)
+        if excess > 0:
+            self.backlog_dropped += self._source.discard(excess)

@@ -1,0 +1,183 @@
+"""The audio path of one transform session, from the decoded inbound track to the outbound one.
+
+    remote track -> InboundPump (downmix, resample to the engine rate)
+      -> DropOldestQueue -> engine worker (thread pool, or inline for trivial engines)
+      -> resample to 48 kHz -> RingBuffer -> FramePacer -> OutboundAudioTrack
+
+The pump drains aiortc's unbounded per-track queue continuously, so backlog can only build
+in our bounded queue, where it is dropped and counted. One worker task per session calls
+the engine sequentially: the state is never touched by two threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from media.engines.base import TransformEngine
+from media.frames import FRAME_SAMPLES, RTC_RATE, frame_to_mono
+from media.pacing import FramePacer
+from media.queues import DropOldestQueue
+from media.resample import StreamResampler
+from media.ringbuffer import RingBuffer
+from media.tracks import OutboundAudioTrack
+
+log = logging.getLogger(__name__)
+
+INPUT_QUEUE_FRAMES = 8  # 160 ms of input waiting for the engine, at most
+OUTPUT_BUFFER_SECONDS = 2.0
+# A transform may hold at most this much audio beyond the frame being sent; more means the
+# input arrived in a burst after a stall, and playing it late is worse than dropping it.
+TRANSFORM_BACKLOG_FRAMES = 3
+
+
+@dataclass
+class PipelineStats:
+    frames_in: int = 0
+    input_dropped: int = 0
+    engine_calls: int = 0
+    engine_errors: int = 0
+    frames_out: int = 0
+    underruns: int = 0
+    backlog_dropped_ms: float = 0.0
+
+
+class TransformPipeline:
+    """Runs one session's audio through a transform engine and paces the result out."""
+
+    def __init__(
+        self,
+        engine: TransformEngine[Any],
+        options: Mapping[str, Any],
+        state: Any,
+        executor: Executor,
+        session_id: str = "",
+    ) -> None:
+        self.engine = engine
+        self.options = dict(options)
+        self._state = state
+        self._executor = executor
+        self._session_id = session_id
+        self._to_engine = StreamResampler(RTC_RATE, engine.sample_rate)
+        self._from_engine = StreamResampler(engine.sample_rate, RTC_RATE)
+        self._input: DropOldestQueue[np.ndarray] = DropOldestQueue(INPUT_QUEUE_FRAMES)
+        self._output = RingBuffer(int(OUTPUT_BUFFER_SECONDS * RTC_RATE))
+        hop_at_48k = int(np.ceil(engine.hop_size * RTC_RATE / engine.sample_rate))
+        self.pacer = FramePacer(
+            self._output,
+            max_backlog=max(TRANSFORM_BACKLOG_FRAMES * FRAME_SAMPLES, hop_at_48k + FRAME_SAMPLES),
+        )
+        self.track = OutboundAudioTrack(self.pacer)
+        self._frames_in = 0
+        self._engine_calls = 0
+        self._engine_errors = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: Future[tuple[np.ndarray, Any]] | None = None
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls,
+        engine: TransformEngine[Any],
+        options: Mapping[str, Any],
+        executor: Executor,
+        session_id: str = "",
+    ) -> TransformPipeline:
+        """Build a pipeline; the state is made off the loop (a cold state can take ~0.5 s)."""
+        loop = asyncio.get_running_loop()
+        state = await loop.run_in_executor(executor, engine.new_state, options)
+        return cls(engine, options, state, executor, session_id)
+
+    def start(self, inbound: MediaStreamTrack) -> None:
+        """Begin consuming ``inbound``; safe to call once."""
+        if self._tasks:
+            raise RuntimeError("pipeline already started")
+        self._tasks = [
+            asyncio.create_task(self._pump(inbound), name=f"pump-{self._session_id[:8]}"),
+            asyncio.create_task(self._work(), name=f"engine-{self._session_id[:8]}"),
+        ]
+
+    @property
+    def stats(self) -> PipelineStats:
+        return PipelineStats(
+            frames_in=self._frames_in,
+            input_dropped=self._input.dropped,
+            engine_calls=self._engine_calls,
+            engine_errors=self._engine_errors,
+            frames_out=self.track.frames_sent,
+            underruns=self.pacer.underruns,
+            backlog_dropped_ms=1000 * self.pacer.backlog_dropped / RTC_RATE,
+        )
+
+    async def _pump(self, inbound: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await inbound.recv()
+            except MediaStreamError:
+                return
+            self._frames_in += 1
+            self._input.put(self._to_engine.process(frame_to_mono(frame)))
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            chunk = await self._input.get()
+            try:
+                if self.engine.runs_inline:
+                    out, self._state = self.engine.process(self._state, chunk)
+                else:
+                    self._inflight = self._executor.submit(self.engine.process, self._state, chunk)
+                    out, self._state = await asyncio.wrap_future(self._inflight)
+            except Exception:
+                log.exception("session %s: engine %s failed", self._session_id, self.engine.name)
+                self._engine_errors += 1
+                await self._reset_state(loop)
+                continue
+            self._engine_calls += 1
+            if len(out):
+                self._output.write(self._from_engine.process(out))
+                self.pacer.notify()
+
+    async def _reset_state(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Replace a failed state; the stream gets a gap (silence), the session goes on."""
+        self._state = await loop.run_in_executor(
+            self._executor, self.engine.reset_state, self._state, self.options
+        )
+        self._from_engine.reset()
+
+    async def _finish_inflight_call(self) -> None:
+        """Wait out an engine call that a cancelled worker left running in a thread.
+
+        Cancelling the worker task does not stop the thread, and freeing the state under a
+        running native call would corrupt memory.
+        """
+        inflight, self._inflight = self._inflight, None
+        if inflight is None or inflight.cancelled():
+            return
+        try:
+            _, self._state = await asyncio.wrap_future(inflight)
+        except Exception:  # the call's own failure no longer matters: the state is going
+            log.debug("session %s: engine call failed during close", self._session_id)
+
+    async def close(self) -> None:
+        """Stop the tasks, end the track and release the engine state and buffers."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self._finish_inflight_call()
+        self.track.stop()
+        self._input.clear()
+        self._output.clear()
+        self.engine.close_state(self._state)
+        self._state = None

@@ -1,0 +1,90 @@
+"""A preallocated float32 ring buffer between the engine worker and the outgoing track.
+
+All calls happen on the event loop thread (the worker hands results back to the loop before
+writing), so there is no lock. When a write would overflow, the oldest samples are dropped
+and counted: for live audio, old audio is worth less than new audio.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+_live: weakref.WeakSet[RingBuffer] = weakref.WeakSet()
+
+
+def live_buffers() -> int:
+    """How many ring buffers exist in this process (a leak check for closed sessions)."""
+    return len(_live)
+
+
+class RingBuffer:
+    """Fixed-capacity FIFO of float32 samples."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self._data = np.zeros(capacity, dtype=np.float32)
+        self._start = 0
+        self._size = 0
+        self.dropped = 0
+        _live.add(self)
+
+    @property
+    def capacity(self) -> int:
+        return len(self._data)
+
+    @property
+    def available(self) -> int:
+        return self._size
+
+    def write(self, samples: np.ndarray) -> int:
+        """Append samples; return how many old samples were dropped to make room."""
+        n = len(samples)
+        cap = self.capacity
+        if n >= cap:
+            dropped = self._size + n - cap
+            self._data[:] = samples[n - cap :]
+            self._start, self._size = 0, cap
+            self.dropped += dropped
+            return dropped
+        dropped = max(0, self._size + n - cap)
+        if dropped:
+            self.discard(dropped)
+            self.dropped += dropped
+        end = (self._start + self._size) % cap
+        first = min(n, cap - end)
+        self._data[end : end + first] = samples[:first]
+        self._data[: n - first] = samples[first:]
+        self._size += n
+        return dropped
+
+    def read(self, n: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Remove and return the oldest ``n`` samples (fewer if fewer are buffered)."""
+        n = min(n, self._size)
+        if out is None:
+            out = np.empty(n, dtype=np.float32)
+        first = min(n, self.capacity - self._start)
+        out[:first] = self._data[self._start : self._start + first]
+        out[first:n] = self._data[: n - first]
+        self._start = (self._start + n) % self.capacity
+        self._size -= n
+        return out[:n]
+
+    def peek(self, n: int) -> np.ndarray:
+        """Copy of the oldest ``n`` samples, left in place."""
+        n = min(n, self._size)
+        idx = (self._start + np.arange(n)) % self.capacity
+        return self._data[idx]
+
+    def discard(self, n: int) -> int:
+        """Drop the oldest ``n`` samples without copying them; return how many went."""
+        n = min(n, self._size)
+        self._start = (self._start + n) % self.capacity
+        self._size -= n
+        return n
+
+    def clear(self) -> int:
+        """Empty the buffer; return how many samples were discarded."""
+        return self.discard(self._size)

@@ -1,0 +1,73 @@
+"""The aiohttp application: signaling routes, the page, health, and the process resources.
+
+``Server`` owns what lives as long as the process: the engine registry (models loaded
+once), the thread pool that runs engine calls off the event loop, and the session manager.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiohttp import web
+
+from media.engines.registry import EngineRegistry
+from server.config import Settings
+from server.sessions import SessionManager
+from signaling.errors import json_errors
+from signaling.ice import restrict_host_addresses
+from signaling.routes import SignalingRoutes
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+SERVER_KEY: web.AppKey[Server] = web.AppKey("server")
+
+
+class Server:
+    """The process-wide parts, built once and closed once."""
+
+    def __init__(self, settings: Settings, registry: EngineRegistry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.executor = ThreadPoolExecutor(
+            max_workers=settings.engine_threads, thread_name_prefix="engine"
+        )
+        self.sessions = SessionManager(settings, registry, self.executor)
+
+    async def close(self) -> None:
+        await self.sessions.close_all()
+        self.executor.shutdown(wait=True)
+
+
+async def _index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(WEB_DIR / "index.html")
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def create_app(settings: Settings, registry: EngineRegistry) -> web.Application:
+    """Build the app around an already loaded registry (tests share one across apps)."""
+    if settings.engine not in registry.names:
+        raise ValueError(
+            f"--engine {settings.engine!r} is not available "
+            f"(available: {', '.join(registry.names) or 'none'}; "
+            f"unavailable: {registry.unavailable or 'none'})"
+        )
+    restrict_host_addresses(settings.ice_hosts)
+    server = Server(settings, registry)
+    app = web.Application(middlewares=[json_errors], client_max_size=settings.max_body_bytes)
+    app[SERVER_KEY] = server
+    SignalingRoutes(server.sessions, settings.ice_servers, settings.max_body_bytes).register(app)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/", _index)
+    app.router.add_static("/", WEB_DIR, show_index=False, follow_symlinks=False)
+
+    async def on_shutdown(app: web.Application) -> None:
+        await server.close()
+
+    app.on_shutdown.append(on_shutdown)
+    return app

@@ -1,0 +1,63 @@
+"""Command line: ``serve`` runs the server, ``peer`` runs the headless WebRTC peer."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from media.engines.registry import EngineRegistry
+from server.config import SettingsError, add_serve_arguments, settings_from
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from(args)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    registry = EngineRegistry.load()
+    from server.app import create_app
+
+    try:
+        app = create_app(settings, registry)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    url = f"http://{settings.host}:{settings.port}/"
+    print(f"cosyrtc serving on {url} (engines: {', '.join(registry.names)})", flush=True)
+    web.run_app(app, host=settings.host, port=settings.port, print=None)
+    registry.close()
+    return 0
+
+
+def _peer(args: argparse.Namespace) -> int:
+    from server.peer import PeerOptions, run_peer
+
+    return asyncio.run(run_peer(PeerOptions.from_args(args)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m server", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the WebRTC inference server")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=_serve)
+    peer = commands.add_parser("peer", help="call a server with a WAV file and record the reply")
+    from server.peer import add_peer_arguments
+
+    add_peer_arguments(peer)
+    peer.set_defaults(run=_peer)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)

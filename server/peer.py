@@ -1,0 +1,210 @@
+"""The headless peer: call a server with a WAV file, record the reply, measure the call.
+
+    python -m server peer --url http://127.0.0.1:8080/ --input in.wav --output out.wav --json
+
+Round-trip time is measured in-band (see :mod:`media.probe`): with chirp markers for
+engines that return the waveform (``echo``), by matching speech envelopes otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+
+from media.filetracks import SamplesSourceTrack, TrackRecorder
+from media.frames import RTC_RATE
+from media.probe import ChirpInserter, marker_rtts, rtt_from_envelopes, summarize
+from media.wav import read_wav, write_wav
+from signaling.client import SignalingError, delete_session, post_offer, post_whip
+from signaling.ice import restrict_host_addresses, rtc_configuration
+
+log = logging.getLogger(__name__)
+
+WAVEFORM_PRESERVING = ("echo",)
+CONNECT_TIMEOUT_S = 15.0
+SILENCE_LEVEL = 1e-4  # peak below this: nothing audible came back
+
+
+@dataclass(frozen=True)
+class PeerOptions:
+    url: str
+    input: Path
+    output: Path
+    engine: str | None = None
+    whip: bool = False
+    say: str | None = None
+    ice_hosts: tuple[str, ...] = ()
+    json: bool = False
+    rtt: str = "auto"
+    tail: float = 1.0
+    options: dict[str, Any] | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> PeerOptions:
+        return cls(
+            url=args.url if args.url.endswith("/") else args.url + "/",
+            input=Path(args.input),
+            output=Path(args.output),
+            engine=args.engine,
+            whip=args.whip,
+            say=args.say,
+            ice_hosts=tuple(args.ice_host or ()),
+            json=args.json,
+            rtt=args.rtt,
+            tail=args.tail,
+            options=json.loads(args.options) if args.options else None,
+        )
+
+    @property
+    def rtt_method(self) -> str:
+        if self.rtt != "auto":
+            return self.rtt
+        return "chirp" if self.engine in WAVEFORM_PRESERVING else "envelope"
+
+
+@dataclass
+class PeerReport:
+    ok: bool
+    error: str | None
+    session_id: str | None
+    connect_ms: float | None
+    frames_sent: int
+    frames_received: int
+    gaps: int
+    gap_ms: float
+    rtt_method: str
+    rtt_ms_p50: float | None
+    rtt_ms_p95: float | None
+    rtt_samples: int
+
+
+def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--engine", help="engine to ask for (default: the server's)")
+    parser.add_argument("--whip", action="store_true", help="signal with WHIP instead of /offer")
+    parser.add_argument("--input", required=True, help="WAV file to stream (any rate, mono/stereo)")
+    parser.add_argument("--output", required=True, help="where to write the reply (48 kHz WAV)")
+    parser.add_argument("--say", help="text to send as a speak message once connected")
+    parser.add_argument("--ice-host", action="append", help="gather host candidates only here")
+    parser.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    parser.add_argument(
+        "--rtt", choices=("auto", "chirp", "envelope"), default="auto",
+        help="RTT method (auto: chirp for echo, envelope otherwise)",
+    )
+    parser.add_argument("--tail", type=float, default=1.0, help="seconds to record after input")
+    parser.add_argument("--options", help="engine options as a JSON object")
+
+
+async def call(opts: PeerOptions) -> PeerReport:
+    """Make one call and measure it; never raises for a failed call, the report says why."""
+    restrict_host_addresses(opts.ice_hosts)
+    audio = read_wav(opts.input, RTC_RATE)
+    markers = ChirpInserter() if opts.rtt_method == "chirp" else None
+    source = SamplesSourceTrack(audio, shape=markers.process if markers else None)
+    recorder = TrackRecorder()
+    pc = RTCPeerConnection(rtc_configuration([]))
+    connected = asyncio.Event()
+    pc.addTrack(source)
+    channel = pc.createDataChannel("control")
+
+    @pc.on("track")
+    def on_track(track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            recorder.start(track)
+
+    @pc.on("connectionstatechange")
+    def on_state() -> None:
+        if pc.connectionState == "connected":
+            connected.set()
+
+    error: str | None = None
+    connect_ms: float | None = None
+    answer = None
+    try:
+        await pc.setLocalDescription(await pc.createOffer())
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as http:
+            offer_sdp = pc.localDescription.sdp
+            if opts.whip:
+                answer = await post_whip(http, opts.url, offer_sdp, opts.engine)
+            else:
+                answer = await post_offer(http, opts.url, offer_sdp, opts.engine, opts.options)
+            await pc.setRemoteDescription(RTCSessionDescription(answer.sdp, "answer"))
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                await connected.wait()
+            connect_ms = (time.monotonic() - started) * 1000
+            if opts.say:
+                await _send_when_open(channel, {"type": "speak", "text": opts.say})
+            await source.finished.wait()
+            await asyncio.sleep(opts.tail)
+            await delete_session(http, answer)
+    except SignalingError as exc:
+        error = str(exc)
+    except TimeoutError:
+        error = f"the call did not connect within {CONNECT_TIMEOUT_S:.0f} s"
+    except aiohttp.ClientError as exc:
+        error = f"could not reach {opts.url}: {exc}"
+    finally:
+        await recorder.stop()
+        await pc.close()
+
+    received = recorder.audio()
+    write_wav(opts.output, received, RTC_RATE)
+    if error is None and (recorder.frames == 0 or float(abs(received).max()) < SILENCE_LEVEL):
+        error = "no audio came back"
+    if markers is not None:
+        rtts = marker_rtts(markers, source.timeline, received, recorder.timeline)
+    elif recorder.frames and source.sent:
+        sent = np.concatenate(source.sent)
+        rtts = rtt_from_envelopes(sent, source.timeline, received, recorder.timeline)
+    else:
+        rtts = []
+    summary = summarize(rtts)
+    return PeerReport(
+        ok=error is None,
+        error=error,
+        session_id=answer.session_id if answer else None,
+        connect_ms=round(connect_ms, 1) if connect_ms is not None else None,
+        frames_sent=source.frames_sent,
+        frames_received=recorder.frames,
+        gaps=recorder.gaps,
+        gap_ms=round(1000 * recorder.gap_samples / RTC_RATE, 1),
+        rtt_method=opts.rtt_method,
+        rtt_ms_p50=summary["rtt_ms_p50"],
+        rtt_ms_p95=summary["rtt_ms_p95"],
+        rtt_samples=int(summary["rtt_samples"] or 0),
+    )
+
+
+async def _send_when_open(channel: Any, message: dict[str, Any]) -> None:
+    if channel.readyState != "open":
+        opened = asyncio.Event()
+        channel.once("open", opened.set)
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            await opened.wait()
+    channel.send(json.dumps(message))
+
+
+async def run_peer(opts: PeerOptions) -> int:
+    report = await call(opts)
+    if opts.json:
+        print(json.dumps(asdict(report)))
+    else:
+        for key, value in asdict(report).items():
+            print(f"{key:16} {value}")
+    if not report.ok:
+        print(f"error: {report.error}", file=sys.stderr)
+        return 1
+    return 0

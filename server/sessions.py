@@ -1,0 +1,200 @@
+"""Sessions: one peer connection, one engine state, one pipeline, and their whole lifecycle.
+
+A session is created by an offer and ends on DELETE, when its connection fails or closes,
+or when ICE has not connected within ``ice_timeout``. Ending it releases everything it
+held: tasks, the engine state (returned to the engine), buffers and the peer connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+
+from media.engines.base import (
+    EngineKind,
+    EngineUnavailable,
+    OptionsError,
+    TransformEngine,
+)
+from media.engines.registry import EngineRegistry, UnknownEngine
+from media.pipeline import TransformPipeline
+from server.config import Settings
+from signaling.errors import ApiError
+from signaling.ice import rtc_configuration
+from signaling.routes import OfferAnswer, OfferRequest
+
+log = logging.getLogger(__name__)
+
+SESSION_ID_BYTES = 24  # 192 random bits
+RETRY_AFTER_SECONDS = 2
+
+
+def new_session_id() -> str:
+    return secrets.token_urlsafe(SESSION_ID_BYTES)
+
+
+@dataclass
+class Session:
+    id: str
+    engine: str
+    pc: RTCPeerConnection
+    pipeline: TransformPipeline
+    watchdog: asyncio.Task[None] | None = None
+    connected: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def describe(self) -> dict[str, Any]:
+        stats = self.pipeline.stats
+        return {
+            "session_id": self.id,
+            "engine": self.engine,
+            "connection_state": self.pc.connectionState,
+            "frames_in": stats.frames_in,
+            "frames_out": stats.frames_out,
+            "input_dropped": stats.input_dropped,
+            "underruns": stats.underruns,
+            "engine_errors": stats.engine_errors,
+        }
+
+
+class SessionManager:
+    """Owns every live session of this process; the signaling routes call into it."""
+
+    def __init__(self, settings: Settings, registry: EngineRegistry, executor: Executor) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._executor = executor
+        self._sessions: dict[str, Session] = {}
+        self._opening = 0
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise ApiError(404, "session_not_found", "No live session has that id.") from None
+
+    def engines_document(self) -> dict[str, Any]:
+        return {
+            "default": self._settings.engine,
+            "engines": [self._registry.get(name).describe() for name in self._registry.names],
+            "unavailable": self._registry.unavailable,
+        }
+
+    def _engine_for(self, request: OfferRequest) -> TransformEngine[Any]:
+        name = request.engine or self._settings.engine
+        try:
+            engine = self._registry.get(name)
+        except UnknownEngine as exc:
+            raise ApiError(404 if request.whip else 400, "unknown_engine", str(exc)) from exc
+        except EngineUnavailable as exc:
+            raise ApiError(503, "engine_unavailable", str(exc)) from exc
+        if engine.kind is not EngineKind.TRANSFORM or not isinstance(engine, TransformEngine):
+            raise ApiError(400, "unsupported_engine", f"Engine '{name}' cannot run a call.")
+        return engine
+
+    async def open_session(self, request: OfferRequest) -> OfferAnswer:
+        if len(self._sessions) + self._opening >= self._settings.max_sessions:
+            raise ApiError(
+                503,
+                "at_capacity",
+                "The server is at capacity; retry shortly.",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        engine = self._engine_for(request)
+        try:
+            options = engine.validate_options(request.options)
+        except OptionsError as exc:
+            raise ApiError(400, "invalid_options", str(exc)) from exc
+        if not request.summary.sends_audio:
+            raise ApiError(
+                400,
+                "no_audio_input",
+                f"Engine '{engine.name}' transforms the caller's audio: offer sendrecv or sendonly.",
+            )
+        self._opening += 1
+        try:
+            return await self._open(request, engine, options)
+        finally:
+            self._opening -= 1
+
+    async def _open(
+        self, request: OfferRequest, engine: TransformEngine[Any], options: dict[str, Any]
+    ) -> OfferAnswer:
+        session_id = new_session_id()
+        pipeline = await TransformPipeline.create(engine, options, self._executor, session_id)
+        pc = RTCPeerConnection(rtc_configuration(self._settings.ice_servers))
+        session = Session(session_id, engine.name, pc, pipeline)
+
+        @pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            if track.kind == "audio":
+                pipeline.start(track)
+
+        @pc.on("connectionstatechange")
+        def on_state() -> None:
+            log.info("session %s: connection %s", session_id, pc.connectionState)
+            if pc.connectionState == "connected":
+                session.connected.set()
+            if pc.connectionState in ("failed", "closed"):
+                self._close_soon(session_id)
+
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(request.sdp, "offer"))
+            if request.summary.receives_audio:
+                pc.addTrack(pipeline.track)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as exc:
+            await pipeline.close()
+            await pc.close()
+            raise ApiError(400, "sdp_rejected", f"The offer was rejected: {exc}") from exc
+        self._sessions[session_id] = session
+        session.watchdog = asyncio.create_task(self._await_connection(session))
+        log.info("session %s: opened with engine %s", session_id, engine.name)
+        return OfferAnswer(pc.localDescription.sdp, session_id)
+
+    async def _await_connection(self, session: Session) -> None:
+        """Close a session whose peer never completes ICE (it would hold a slot forever)."""
+        deadline = self._settings.ice_timeout
+        try:
+            async with asyncio.timeout(deadline):
+                await session.connected.wait()
+        except TimeoutError:
+            log.info("session %s: not connected after %.0f s, closing", session.id, deadline)
+            self._close_soon(session.id)
+
+    def _close_soon(self, session_id: str) -> None:
+        task = asyncio.create_task(self._close_if_open(session_id))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_if_open(self, session_id: str) -> None:
+        if session_id in self._sessions:
+            await self.close_session(session_id)
+
+    async def close_session(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise ApiError(404, "session_not_found", "No live session has that id.")
+        if session.watchdog is not None and session.watchdog is not asyncio.current_task():
+            session.watchdog.cancel()
+        await session.pipeline.close()
+        await session.pc.close()
+        session.closed.set()
+        log.info("session %s: closed", session_id)
+
+    async def close_all(self) -> None:
+        for session_id in list(self._sessions):
+            await self.close_session(session_id)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,182 @@
+"""HTTP signaling: the JSON offer/answer route and WHIP (RFC 9725).
+
+Both routes validate the request, then hand an :class:`OfferRequest` to a
+:class:`SessionHost`, which owns sessions and models; signaling itself never touches audio
+or engines, it only passes the engine's name through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from signaling.errors import ApiError
+from signaling.ice import IceServer
+from signaling.sdp import OfferSummary, inspect_offer
+
+SDP_TYPE = "application/sdp"
+JSON_TYPE = "application/json"
+WHIP_SESSION_PATH = "/whip/sessions/{session_id}"
+CORS_EXPOSED = "Location, ETag, Link, Accept-Post, Retry-After"
+
+
+@dataclass(frozen=True)
+class OfferRequest:
+    """A validated offer, as the session host receives it."""
+
+    sdp: str
+    summary: OfferSummary
+    engine: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    whip: bool = False
+
+
+@dataclass(frozen=True)
+class OfferAnswer:
+    sdp: str
+    session_id: str
+
+
+class SessionHost(Protocol):
+    """What signaling needs from the server: open, close and describe."""
+
+    async def open_session(self, request: OfferRequest) -> OfferAnswer:
+        """Create a session and return the answer; raise :class:`ApiError` on refusal."""
+
+    async def close_session(self, session_id: str) -> None:
+        """End a session; raise :class:`ApiError` 404 when there is none by that id."""
+
+    def engines_document(self) -> dict[str, Any]:
+        """The body of ``GET /engines``."""
+
+
+def _require_content_type(request: web.Request, expected: str) -> None:
+    if request.content_type != expected:
+        got = request.content_type or "none"
+        raise ApiError(415, "unsupported_media_type", f"Send {expected} (got {got}).")
+
+
+async def _read_text(request: web.Request, limit: int) -> str:
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "payload_too_large", f"The body is over the {limit}-byte limit.")
+    body = await request.read()
+    if len(body) > limit:
+        raise ApiError(413, "payload_too_large", f"The body is over the {limit}-byte limit.")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "invalid_encoding", "The body must be UTF-8 text.") from exc
+
+
+def _parse_offer_json(text: str) -> tuple[str, str | None, dict[str, Any]]:
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"The body is not valid JSON: {exc.msg}.") from exc
+    if not isinstance(payload, dict):
+        raise ApiError(400, "invalid_request", "The body must be a JSON object.")
+    sdp, kind = payload.get("sdp"), payload.get("type")
+    if not isinstance(sdp, str):
+        raise ApiError(400, "invalid_request", "Field 'sdp' must be a string.")
+    if kind != "offer":
+        raise ApiError(400, "invalid_request", "Field 'type' must be \"offer\".")
+    engine = payload.get("engine")
+    if engine is not None and not isinstance(engine, str):
+        raise ApiError(400, "invalid_request", "Field 'engine' must be a string.")
+    options = payload.get("options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "invalid_options", "Field 'options' must be a JSON object.")
+    return sdp, engine, options
+
+
+def _etag(answer_sdp: str) -> str:
+    """An entity tag for the ICE session: it changes exactly when the ICE credentials do."""
+    ufrag = next(
+        (line[len("a=ice-ufrag:") :] for line in answer_sdp.splitlines() if line.startswith("a=ice-ufrag:")),
+        answer_sdp,
+    )
+    return '"' + hashlib.sha256(ufrag.encode()).hexdigest()[:16] + '"'
+
+
+class SignalingRoutes:
+    """The offer, WHIP, session-delete and engine-listing routes."""
+
+    def __init__(
+        self,
+        host: SessionHost,
+        ice_servers: Sequence[IceServer] = (),
+        max_body_bytes: int = 64 * 1024,
+        cors_origin: str = "*",
+    ) -> None:
+        self._host = host
+        self._ice_servers = list(ice_servers)
+        self._max_body = max_body_bytes
+        self._cors_origin = cors_origin
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_get("/engines", self.engines)
+        app.router.add_post("/offer", self.offer)
+        app.router.add_delete("/sessions/{session_id}", self.delete_session)
+        for path in ("/whip", "/whip/{engine}"):
+            app.router.add_post(path, self.whip_publish)
+            app.router.add_route("OPTIONS", path, self.whip_options)
+        app.router.add_delete(WHIP_SESSION_PATH, self.delete_session)
+        app.router.add_route("OPTIONS", WHIP_SESSION_PATH, self.whip_options)
+
+    async def engines(self, request: web.Request) -> web.Response:
+        return web.json_response(self._host.engines_document())
+
+    async def offer(self, request: web.Request) -> web.Response:
+        _require_content_type(request, JSON_TYPE)
+        sdp, engine, options = _parse_offer_json(await _read_text(request, self._max_body))
+        offer = OfferRequest(sdp=sdp, summary=inspect_offer(sdp), engine=engine, options=options)
+        answer = await self._host.open_session(offer)
+        return web.json_response(
+            {"sdp": answer.sdp, "type": "answer", "session_id": answer.session_id}
+        )
+
+    async def whip_publish(self, request: web.Request) -> web.Response:
+        _require_content_type(request, SDP_TYPE)
+        sdp = await _read_text(request, self._max_body)
+        offer = OfferRequest(
+            sdp=sdp,
+            summary=inspect_offer(sdp),
+            engine=request.match_info.get("engine"),
+            whip=True,
+        )
+        answer = await self._host.open_session(offer)
+        location = WHIP_SESSION_PATH.format(session_id=answer.session_id)
+        headers = {"Location": location, "ETag": _etag(answer.sdp), **self._cors_headers()}
+        response = web.Response(status=201, text=answer.sdp, content_type=SDP_TYPE, headers=headers)
+        for server in self._ice_servers:
+            response.headers.add("Link", server.link_header())
+        return response
+
+    async def whip_options(self, request: web.Request) -> web.Response:
+        """CORS preflight, plus the ICE servers a client may use before it offers."""
+        headers = {
+            **self._cors_headers(),
+            "Access-Control-Allow-Methods": "POST, PATCH, DELETE, OPTIONS",
+            "Access-Control-Allow-Headers": "Content-Type, Authorization, If-Match",
+            "Access-Control-Max-Age": "600",
+            "Accept-Post": SDP_TYPE,
+        }
+        response = web.Response(status=204, headers=headers)
+        for server in self._ice_servers:
+            response.headers.add("Link", server.link_header())
+        return response
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        await self._host.close_session(request.match_info["session_id"])
+        return web.Response(status=200, headers=self._cors_headers())
+
+    def _cors_headers(self) -> dict[str, str]:
+        return {
+            "Access-Control-Allow-Origin": self._cors_origin,
+            "Access-Control-Expose-Headers": CORS_EXPOSED,
+        }

@@ -1,0 +1,65 @@
+"""Checks on an SDP offer before it reaches aiortc, each failing with its own error code.
+
+aiortc's own failures on bad SDP range from a ValueError to an AttributeError deep inside
+the parser; checking the few things a usable audio offer needs first lets the client learn
+exactly what was wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiortc import sdp as aiortc_sdp
+
+from signaling.errors import ApiError
+
+# Directions from the offerer's point of view.
+SENDS_AUDIO = ("sendrecv", "sendonly")
+RECEIVES_AUDIO = ("sendrecv", "recvonly")
+
+
+@dataclass(frozen=True)
+class OfferSummary:
+    """What the server needs to know about an offer before answering it."""
+
+    audio_direction: str
+    has_data_channel: bool
+
+    @property
+    def sends_audio(self) -> bool:
+        return self.audio_direction in SENDS_AUDIO
+
+    @property
+    def receives_audio(self) -> bool:
+        return self.audio_direction in RECEIVES_AUDIO
+
+
+def malformed(message: str) -> ApiError:
+    return ApiError(400, "malformed_sdp", message)
+
+
+def inspect_offer(text: str) -> OfferSummary:
+    """Parse and check an offer; raise :class:`ApiError` naming the first problem."""
+    if not text.strip():
+        raise malformed("The SDP offer is empty.")
+    if not text.lstrip().startswith("v=0"):
+        raise malformed("An SDP offer must start with the line 'v=0'.")
+    try:
+        description = aiortc_sdp.SessionDescription.parse(text)
+    except Exception as exc:  # the parser raises many types on garbage
+        raise malformed(f"The SDP offer could not be parsed ({type(exc).__name__}).") from exc
+    audio = [m for m in description.media if m.kind == "audio"]
+    if not audio:
+        raise ApiError(400, "no_audio", "The offer has no audio m-line; add an audio track.")
+    first = audio[0]
+    if not any(codec.mimeType.lower() == "audio/opus" for codec in first.rtp.codecs):
+        raise ApiError(400, "unsupported_codec", "The offer's audio must include Opus.")
+    for media in description.media:
+        if not media.ice.usernameFragment or not media.ice.password:
+            raise malformed("Every m-line needs ICE credentials (a=ice-ufrag and a=ice-pwd).")
+        if not media.dtls or not media.dtls.fingerprints:
+            raise malformed("Every m-line needs a DTLS fingerprint (a=fingerprint).")
+    return OfferSummary(
+        audio_direction=first.direction or "sendrecv",
+        has_data_channel=any(m.kind == "application" for m in description.media),
+    )
