@@ -2,7 +2,8 @@
 
 aiortc decodes every Opus packet to 48 kHz signed 16-bit packed stereo, 960 samples (20 ms),
 even when the caller sends mono; engines want float32 mono in [-1, 1]. Outgoing frames are
-mono s16: aiortc's Opus encoder converts the layout itself.
+built in that same s16 packed stereo layout: aiortc's encoder would otherwise upmix mono
+with FFmpeg's -3 dB centre gain, and a round trip through two such upmixes loses 6 dB.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
 
 
 def mono_to_frame(samples: np.ndarray, pts: int, rate: int = RTC_RATE) -> av.AudioFrame:
-    """Wrap float32 mono samples as an s16 mono frame stamped ``pts`` in 1/rate units."""
+    """Wrap float32 mono samples as an s16 stereo frame (same signal in both channels)."""
     pcm = np.clip(samples * _INT16_SCALE, -32768.0, 32767.0).astype(np.int16)
-    frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+    stereo = np.repeat(pcm, 2).reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(stereo, format="s16", layout="stereo")
     frame.sample_rate = rate
     frame.pts = pts
     frame.time_base = Fraction(1, rate)

@@ -6,13 +6,12 @@ out at once, but never before its slot starts, so a burst (TTS faster than real 
 jitter buffer releasing a backlog) still leaves at 50 frames per second. When a slot ends
 with nothing ready, the slot is filled with silence and counted as an underrun.
 
-Phase lock: the anchor is set half a slot before the first frame became ready. Frames then
-become ready near the middle of their slots, so arrival jitter up to +-10 ms costs no
-waiting and no silence, and a transform adds no pacing delay on a steady input.
-
-A caller that comes back late (a busy loop) does not get a burst of catch-up frames: the
-schedule skips to the current slot, and the skipped slots leave a gap in the timestamps
-that the receiver conceals.
+Phase lock: a frame that is ready before its slot waits, and waiting until the time a frame
+normally arrives costs nothing, while a frame later than its slot's end costs an underrun.
+So slots start where frames normally become ready: the first frame anchors the schedule,
+and whenever every frame of the last second had to wait, the schedule moves earlier by the
+shortest wait. Frames then leave the moment they are ready, a frame may be up to a whole
+slot late before silence is sent, and a transform adds no pacing delay on a steady input.
 """
 
 from __future__ import annotations
@@ -27,6 +26,10 @@ from media.frames import FRAME_MS, FRAME_SAMPLES
 from media.ringbuffer import RingBuffer
 
 FRAME_SECONDS = FRAME_MS / 1000
+# Frames per phase check: if all of them waited for their slot, the slots move earlier.
+PHASE_WINDOW_FRAMES = 50
+# Waits shorter than this are timer noise, not a phase error worth correcting.
+PHASE_TOLERANCE_SECONDS = 0.001
 
 
 class FramePacer:
@@ -59,6 +62,9 @@ class FramePacer:
         self.underruns = 0
         self.skipped_slots = 0
         self.backlog_dropped = 0  # samples
+        self._window_frames = 0
+        self._window_min_wait = float("inf")
+        self.phase_corrections = 0
 
     def notify(self) -> None:
         """Called after audio was written to the source, to wake a waiting ``next_frame``."""
@@ -97,7 +103,7 @@ class FramePacer:
         if self._anchor is None:
             await self._wait_for_frame(deadline=None)
             first_index = self.index + 1
-            self._anchor = self._clock() - (first_index + 0.5) * self._frame_seconds
+            self._anchor = self._clock() - first_index * self._frame_seconds
             self.index = first_index
         else:
             self.index += 1
@@ -111,10 +117,23 @@ class FramePacer:
             self.underruns += 1
             return self._silence, True
         early = slot_start - self._clock()
+        self._track_phase(early)
         if early > 0:
             await asyncio.sleep(early)
         self._trim_backlog()
         return self._source.read(self._frame_samples), False
+
+    def _track_phase(self, wait: float) -> None:
+        """Move the slots earlier when every frame of a window had to wait for its slot."""
+        self._window_min_wait = min(self._window_min_wait, wait)
+        self._window_frames += 1
+        if self._window_frames < PHASE_WINDOW_FRAMES:
+            return
+        if self._window_min_wait > PHASE_TOLERANCE_SECONDS and self._anchor is not None:
+            self._anchor -= self._window_min_wait
+            self.phase_corrections += 1
+        self._window_frames = 0
+        self._window_min_wait = float("inf")
 
     def _trim_backlog(self) -> None:
         if self._max_backlog is None:

@@ -89,11 +89,11 @@ class Timeline:
     """
 
     sample_rate: int = SAMPLE_RATE
-    _starts: list[int] = field(default_factory=list, repr=False)
-    _times: list[float] = field(default_factory=list, repr=False)
+    total_samples: int = field(default=0, init=False)
+    _starts: list[int] = field(default_factory=list, init=False, repr=False)
+    _times: list[float] = field(default_factory=list, init=False, repr=False)
     # Running maximum of the stamps, a non-decreasing version used by index_at().
-    _rising: list[float] = field(default_factory=list, repr=False)
-    total_samples: int = 0
+    _rising: list[float] = field(default_factory=list, init=False, repr=False)
 
     def append(self, frame_samples: int, at: float) -> None:
         """Record that the next ``frame_samples`` samples left or arrived at ``at``."""

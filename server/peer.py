@@ -90,6 +90,15 @@ class PeerReport:
     rtt_samples: int
 
 
+@dataclass
+class CallResult:
+    """The report plus the audio on both sides, for tests and benchmarks."""
+
+    report: PeerReport
+    sent: np.ndarray
+    received: np.ndarray
+
+
 def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--engine", help="engine to ask for (default: the server's)")
@@ -100,14 +109,16 @@ def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ice-host", action="append", help="gather host candidates only here")
     parser.add_argument("--json", action="store_true", help="print one JSON report on stdout")
     parser.add_argument(
-        "--rtt", choices=("auto", "chirp", "envelope"), default="auto",
+        "--rtt",
+        choices=("auto", "chirp", "envelope"),
+        default="auto",
         help="RTT method (auto: chirp for echo, envelope otherwise)",
     )
     parser.add_argument("--tail", type=float, default=1.0, help="seconds to record after input")
     parser.add_argument("--options", help="engine options as a JSON object")
 
 
-async def call(opts: PeerOptions) -> PeerReport:
+async def call(opts: PeerOptions) -> CallResult:
     """Make one call and measure it; never raises for a failed call, the report says why."""
     restrict_host_addresses(opts.ice_hosts)
     audio = read_wav(opts.input, RTC_RATE)
@@ -164,15 +175,15 @@ async def call(opts: PeerOptions) -> PeerReport:
     write_wav(opts.output, received, RTC_RATE)
     if error is None and (recorder.frames == 0 or float(abs(received).max()) < SILENCE_LEVEL):
         error = "no audio came back"
+    sent = np.concatenate(source.sent) if source.sent else np.zeros(0, np.float32)
     if markers is not None:
         rtts = marker_rtts(markers, source.timeline, received, recorder.timeline)
-    elif recorder.frames and source.sent:
-        sent = np.concatenate(source.sent)
+    elif recorder.frames and len(sent):
         rtts = rtt_from_envelopes(sent, source.timeline, received, recorder.timeline)
     else:
         rtts = []
     summary = summarize(rtts)
-    return PeerReport(
+    report = PeerReport(
         ok=error is None,
         error=error,
         session_id=answer.session_id if answer else None,
@@ -186,6 +197,7 @@ async def call(opts: PeerOptions) -> PeerReport:
         rtt_ms_p95=summary["rtt_ms_p95"],
         rtt_samples=int(summary["rtt_samples"] or 0),
     )
+    return CallResult(report, sent, received)
 
 
 async def _send_when_open(channel: Any, message: dict[str, Any]) -> None:
@@ -198,7 +210,7 @@ async def _send_when_open(channel: Any, message: dict[str, Any]) -> None:
 
 
 async def run_peer(opts: PeerOptions) -> int:
-    report = await call(opts)
+    report = (await call(opts)).report
     if opts.json:
         print(json.dumps(asdict(report)))
     else:

@@ -87,5 +87,3 @@ async def delete_session(http: aiohttp.ClientSession, answer: Answer) -> int | N
         return None
     async with http.delete(answer.resource_url) as response:
         return response.status
-
-

@@ -32,7 +32,9 @@ class IceServer:
     def parse(cls, text: str) -> IceServer:
         scheme, sep, rest = text.partition(":")
         if not sep or scheme.lower() not in _SCHEMES or not rest:
-            raise ValueError(f"ICE server URL must look like stun:HOST[:PORT] or turn:...: {text!r}")
+            raise ValueError(
+                f"ICE server URL must look like stun:HOST[:PORT] or turn:...: {text!r}"
+            )
         if "@" in rest:
             userinfo, _, hostpart = rest.rpartition("@")
             user, _, password = userinfo.partition(":")

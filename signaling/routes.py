@@ -97,7 +97,11 @@ def _parse_offer_json(text: str) -> tuple[str, str | None, dict[str, Any]]:
 def _etag(answer_sdp: str) -> str:
     """An entity tag for the ICE session: it changes exactly when the ICE credentials do."""
     ufrag = next(
-        (line[len("a=ice-ufrag:") :] for line in answer_sdp.splitlines() if line.startswith("a=ice-ufrag:")),
+        (
+            line[len("a=ice-ufrag:") :]
+            for line in answer_sdp.splitlines()
+            if line.startswith("a=ice-ufrag:")
+        ),
         answer_sdp,
     )
     return '"' + hashlib.sha256(ufrag.encode()).hexdigest()[:16] + '"'

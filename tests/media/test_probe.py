@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,11 @@ OPUS_DELAY = 312  # libopus encoder lookahead plus decoder delay at 48 kHz (6.5 
 
 
 def speech_like(seconds: float, seed: int = 7, level: float = 0.4) -> np.ndarray:
+    return _speech_like(seconds, seed, level).copy()
+
+
+@functools.cache
+def _speech_like(seconds: float, seed: int, level: float) -> np.ndarray:
     """Voiced "syllables" of random length and pitch separated by random pauses.
 
     Harmonics of a gliding fundamental under a smooth attack/decay envelope: loud, low
@@ -54,7 +61,7 @@ def speech_like(seconds: float, seed: int = 7, level: float = 0.4) -> np.ndarray
 
 def delayed(x: np.ndarray, seconds: float, total: int) -> np.ndarray:
     """``x`` delayed by a possibly fractional number of samples, cut or padded to ``total``."""
-    size = 1 << (total + len(x)).bit_length()
+    size = 1 << (max(total, len(x)) + round(abs(seconds) * SAMPLE_RATE) + 1).bit_length()
     freqs = np.fft.rfftfreq(size, 1 / SAMPLE_RATE)
     shifted = np.fft.irfft(np.fft.rfft(x, size) * np.exp(-2j * np.pi * freqs * seconds), size)
     return shifted[:total].astype(np.float32)
@@ -210,7 +217,7 @@ def test_markers_when_recording_starts_late():
 def test_no_markers_found_in_speech_or_noise():
     rng = np.random.default_rng(5)
     template = make_chirp()
-    assert detect_markers(speech_like(20.0, seed=6), template) == []
+    assert detect_markers(speech_like(12.0, seed=6), template) == []
     assert detect_markers(0.3 * rng.standard_normal(10 * SAMPLE_RATE), template) == []
     assert detect_markers(np.zeros(SAMPLE_RATE), template) == []
     assert detect_markers(np.zeros(100), template) == []
@@ -276,7 +283,7 @@ def test_envelopes_recover_delay_through_a_waveform_changing_engine(
     delay_s: float, late_start_s: float
 ):
     rng = np.random.default_rng(9)
-    n_frames = 600  # 12 s
+    n_frames = 450  # 9 s
     sent = speech_like(n_frames * FRAME_S, seed=10) + 0.01 * rng.standard_normal(
         n_frames * FRAME_SAMPLES
     ).astype(np.float32)
@@ -289,7 +296,7 @@ def test_envelopes_recover_delay_through_a_waveform_changing_engine(
 
     assert align(sent, received, 20_000)[1] < 0.2  # nothing of the waveform is left
     rtts = rtt_from_envelopes(sent, sent_tl, received, received_tl)
-    assert len(rtts) >= 6
+    assert len(rtts) >= 5
     assert max(abs(r - delay_s) for r in rtts) < 0.005
 
 

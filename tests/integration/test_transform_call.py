@@ -1,0 +1,142 @@
+"""Real calls over loopback: an aiortc peer streams speech and records what comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from media.frames import FRAME_SAMPLES, RTC_RATE
+from media.probe import align
+from media.ringbuffer import live_buffers
+from server.peer import CallResult, PeerOptions, call
+from tests.conftest import LOOPBACK, RunningServer
+from tests.speech import SpeechFixture
+
+
+async def make_call(
+    server: RunningServer, wav: Path, tmp_path: Path, engine: str, **kwargs: object
+) -> CallResult:
+    opts = PeerOptions(
+        url=server.url,
+        input=wav,
+        output=tmp_path / f"{engine}-out.wav",
+        engine=engine,
+        ice_hosts=(LOOPBACK,),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    result = await call(opts)
+    assert result.report.ok, result.report.error
+    return result
+
+
+def frame_levels_db(samples: np.ndarray) -> np.ndarray:
+    frames = len(samples) // FRAME_SAMPLES
+    power = np.mean(samples[: frames * FRAME_SAMPLES].reshape(frames, FRAME_SAMPLES) ** 2, axis=1)
+    return 10 * np.log10(power + 1e-12)
+
+
+async def test_echo_returns_what_was_sent(server: RunningServer, speech_wav: Path, tmp_path: Path):
+    result = await make_call(server, speech_wav, tmp_path, "echo")
+    lag, corr = align(result.sent, result.received, max_lag=RTC_RATE // 2)
+    assert corr >= 0.9, f"normalised correlation {corr:.3f} at lag {lag}"
+    assert result.report.gaps == 0
+    assert result.report.frames_received >= 0.9 * result.report.frames_sent
+    assert result.report.rtt_ms_p50 is not None and result.report.rtt_ms_p50 < 400
+
+
+async def test_denoise_removes_noise_in_pauses_and_keeps_speech(
+    server: RunningServer, speech: SpeechFixture, noisy_speech_wav: Path, tmp_path: Path
+):
+    """Speech plus white noise at 5 dB SNR: pauses lose >= 20 dB, speech stays within 6 dB."""
+    result = await make_call(server, noisy_speech_wav, tmp_path, "denoise")
+    lag, corr = align(speech.clean, result.received, max_lag=RTC_RATE // 2)
+    assert corr > 0.5, f"denoised output does not resemble the speech (corr {corr:.2f})"
+    assert lag >= 0
+    out = result.received[lag : lag + len(speech.clean)]
+    n = len(out) // FRAME_SAMPLES
+    clean_db = frame_levels_db(speech.clean[: n * FRAME_SAMPLES])
+    noisy_db = frame_levels_db(result.sent[: n * FRAME_SAMPLES])
+    out_db = frame_levels_db(out)
+    mask = speech.speech_mask[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES)
+    # Pauses: frames fully outside speech, skipping the first second while the model settles.
+    pause = ~mask.any(axis=1)
+    pause[: RTC_RATE // FRAME_SAMPLES] = False
+    speech_frames = mask.all(axis=1) & (clean_db > clean_db.max() - 25)
+    reduction = np.median(noisy_db[pause]) - np.median(out_db[pause])
+    # Active speech level: power over the voiced frames, as a level meter would integrate it.
+    speech_change = 10 * np.log10(
+        np.sum(10 ** (out_db[speech_frames] / 10)) / np.sum(10 ** (clean_db[speech_frames] / 10))
+    )
+    print(f"noise floor in pauses -{reduction:.1f} dB, speech level {speech_change:+.1f} dB")
+    assert reduction >= 20, f"noise floor in pauses fell by only {reduction:.1f} dB"
+    assert abs(speech_change) <= 6, f"speech level changed by {speech_change:.1f} dB"
+
+
+def non_pool_threads() -> int:
+    """Threads other than thread-pool workers, which stay alive by design between jobs."""
+    return sum(
+        1
+        for thread in threading.enumerate()
+        if not thread.name.startswith(("engine", "asyncio", "ThreadPoolExecutor"))
+    )
+
+
+async def test_whip_call_and_delete_release_everything(
+    server: RunningServer, speech_wav: Path, tmp_path: Path
+):
+    """A WHIP call ends with DELETE on its Location; nothing of the session is left behind."""
+    await asyncio.sleep(0)
+    gc.collect()
+    tasks_before = len(asyncio.all_tasks())
+    threads_before = non_pool_threads()
+    buffers_before = live_buffers()
+
+    result = await make_call(server, speech_wav, tmp_path, "denoise", whip=True, tail=0.5)
+    assert result.report.frames_received > 0
+    assert len(server.server.sessions) == 0
+
+    for _ in range(50):  # aiortc's threads and tasks wind down asynchronously
+        gc.collect()
+        if (
+            len(asyncio.all_tasks()) <= tasks_before
+            and non_pool_threads() <= threads_before
+            and live_buffers() <= buffers_before
+        ):
+            break
+        await asyncio.sleep(0.1)
+    assert len(asyncio.all_tasks()) <= tasks_before
+    assert non_pool_threads() <= threads_before
+    assert live_buffers() <= buffers_before
+
+
+@pytest.mark.parametrize("engine", ["echo", "denoise"])
+async def test_session_that_never_connects_is_closed_after_ice_timeout(registry, engine: str):
+    """An offer whose peer never runs ICE must not hold a session slot forever."""
+    from aiortc import RTCPeerConnection
+
+    from signaling.ice import rtc_configuration
+    from tests.conftest import running_server
+
+    async with running_server(registry, ice_timeout=1.0) as running:
+        pc = RTCPeerConnection(rtc_configuration([]))
+        pc.addTransceiver("audio", direction="sendrecv")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = pc.localDescription.sdp
+        await pc.close()  # the peer vanishes right after offering
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            payload = {"sdp": sdp, "type": "offer", "engine": engine}
+            async with http.post(running.url + "offer", json=payload) as response:
+                assert response.status == 200
+        assert len(running.server.sessions) == 1
+        for _ in range(40):
+            if len(running.server.sessions) == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert len(running.server.sessions) == 0
