@@ -120,7 +120,8 @@ class SessionManager:
             raise ApiError(
                 400,
                 "no_audio_input",
-                f"Engine '{engine.name}' transforms the caller's audio: offer sendrecv or sendonly.",
+                f"Engine '{engine.name}' transforms the caller's audio: "
+                "offer audio as sendrecv or sendonly.",
             )
         self._opening += 1
         try:

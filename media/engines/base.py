@@ -22,7 +22,7 @@ import numpy as np
 StateT = TypeVar("StateT")
 
 
-class EngineKind(str, enum.Enum):
+class EngineKind(enum.StrEnum):
     """What goes in and what comes out of an engine."""
 
     TRANSFORM = "transform"  # audio in, audio out
