@@ -5,8 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-HOST ?= 127.0.0.1
-PORT ?= 8080
+# Extra server flags, e.g. make run ARGS='--engine echo --port 9000'
+ARGS ?=
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 DEBIAN_TEST_PACKAGES := espeak-ng
@@ -14,7 +14,7 @@ DEBIAN_TEST_PACKAGES := espeak-ng
 .PHONY: run test install install-test system-test-deps lint bench clean
 
 run: install
-	$(PY) -m server serve --host $(HOST) --port $(PORT)
+	$(PY) -m server serve $(ARGS)
 
 test: install-test system-test-deps
 	$(PY) -m pytest -q
@@ -53,7 +53,7 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 
 bench: install-test
-	$(PY) bench/rtt.py
+	$(PY) -m bench.rtt
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -31,8 +31,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    url = f"http://{settings.host}:{settings.port}/"
-    print(f"cosyrtc serving on {url} (engines: {', '.join(registry.names)})", flush=True)
+    shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url = f"http://{shown_host}:{settings.port}/"
+    print(f"cosyrtc is running: open {url} (engines: {', '.join(registry.names)})", flush=True)
     web.run_app(app, host=settings.host, port=settings.port, print=None)
     registry.close()
     return 0
