@@ -68,13 +68,39 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def _resident_bytes() -> int | None:
-    """Resident set size of this process, or None where /proc is missing (macOS, Windows)."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _heap_in_use_bytes() -> int | None:
+    """Bytes the C heap has handed out (glibc ``mallinfo2``), or None where unavailable.
+
+    Resident memory is the wrong measure for one state: a process that freed memory
+    before reuses those pages, so creating a state can leave RSS unchanged. The heap's
+    in-use count (including large mmapped blocks) moves by exactly what was allocated.
+    """
     try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
+        libc = ctypes.CDLL(None)
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
         return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
 
 
 class _WarmPool:
@@ -195,9 +221,9 @@ class DeepFilterEngine(TransformEngine[DeepFilterState]):
         # Two states are made here: the first pays the library's one-off start-up, the second
         # measures what every further session costs. Both then serve as the first warm states.
         first = self._create()
-        before = _resident_bytes()
+        before = _heap_in_use_bytes()
         second = self._create()
-        after = _resident_bytes()
+        after = _heap_in_use_bytes()
         self.per_session_bytes = (
             after - before if before is not None and after is not None else None
         )
