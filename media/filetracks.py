@@ -1,7 +1,9 @@
-"""Tracks for a headless peer: play samples in real time, record what a remote track sends.
+"""Tracks for a headless peer: play samples in real time, record what the server sends.
 
 Both stamp every frame with ``time.monotonic()`` on a :class:`media.probe.Timeline`, so the
-peer can measure round-trip time on the audio itself.
+peer can measure round-trip time on the audio itself. The peer sends Opus it encodes itself
+and receives through the same :mod:`media.receive` path as the server, so what it measures
+is the server and the network, not aiortc's client-side buffering.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from media.frames import FRAME_SAMPLES, RTC_RATE, frame_to_mono, mono_to_frame
+from media.frames import FRAME_SAMPLES, RTC_RATE
+from media.opus import OpusEncoder
 from media.probe import Timeline
+from media.receive import ReceiveStats
+from media.tracks import opus_packet
 
 FRAME_SECONDS = FRAME_SAMPLES / RTC_RATE
-RTP_CLOCK_WRAP = 1 << 32  # received pts are RTP timestamps, which wrap
+PEER_BITRATE = 96_000
 
 
 class SamplesSourceTrack(MediaStreamTrack):
-    """Sends ``samples`` (48 kHz float32 mono) in 20 ms frames at real-time pace.
+    """Sends ``samples`` (48 kHz float32 mono) as Opus, 20 ms at a time, in real time.
 
     After the samples run out it keeps sending silence, so the call stays up while the
     tail of the reply comes back; ``finished`` is set when the last real frame has gone.
@@ -35,10 +40,12 @@ class SamplesSourceTrack(MediaStreamTrack):
         self,
         samples: np.ndarray,
         shape: Callable[[np.ndarray], np.ndarray] | None = None,
+        encoder: OpusEncoder | None = None,
     ) -> None:
         super().__init__()
         self._samples = samples.astype(np.float32, copy=False)
         self._shape = shape
+        self._encoder = encoder or OpusEncoder(channels=1, bitrate=PEER_BITRATE)
         self._start: float | None = None
         self._index = 0
         self.timeline = Timeline()
@@ -49,7 +56,7 @@ class SamplesSourceTrack(MediaStreamTrack):
     def frames_sent(self) -> int:
         return self._index
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
         now = time.monotonic()
@@ -68,24 +75,26 @@ class SamplesSourceTrack(MediaStreamTrack):
             frame = self._shape(frame)
         self.sent.append(frame)
         self.timeline.append(FRAME_SAMPLES, time.monotonic())
-        pts = self._index * FRAME_SAMPLES
+        packet = opus_packet(self._encoder, frame, self._index * FRAME_SAMPLES)
         self._index += 1
-        return mono_to_frame(frame, pts)
+        return packet
+
+    def stop(self) -> None:
+        super().stop()
+        self._encoder.close()
 
 
-class TrackRecorder:
-    """Drains a remote audio track into memory, noting arrival times and timestamp gaps."""
+class FrameRecorder:
+    """A receive-path sink that keeps every frame and the time it was released."""
 
     def __init__(self) -> None:
         self.timeline = Timeline()
         self.chunks: list[np.ndarray] = []
-        self.gaps = 0
-        self.gap_samples = 0
-        self._last_pts: int | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.receive_stats: ReceiveStats | None = None
 
-    def start(self, track: MediaStreamTrack) -> None:
-        self._task = asyncio.create_task(self._run(track))
+    def __call__(self, pcm: np.ndarray) -> None:
+        self.timeline.append(len(pcm), time.monotonic())
+        self.chunks.append(pcm)
 
     @property
     def frames(self) -> int:
@@ -93,24 +102,3 @@ class TrackRecorder:
 
     def audio(self) -> np.ndarray:
         return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
-
-    async def _run(self, track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            samples = frame_to_mono(frame)
-            self.timeline.append(len(samples), time.monotonic())
-            self.chunks.append(samples)
-            if self._last_pts is not None and frame.pts is not None:
-                missing = (frame.pts - self._last_pts - frame.samples) % RTP_CLOCK_WRAP
-                if 0 < missing < RTP_CLOCK_WRAP // 2:
-                    self.gaps += 1
-                    self.gap_samples += missing
-            self._last_pts = frame.pts
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)

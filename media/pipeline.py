@@ -1,12 +1,13 @@
-"""The audio path of one transform session, from the decoded inbound track to the outbound one.
+"""The audio path of one transform session, from incoming RTP to the outgoing track.
 
-    remote track -> InboundPump (downmix, resample to the engine rate)
-      -> DropOldestQueue -> engine worker (thread pool, or inline for trivial engines)
-      -> resample to 48 kHz -> RingBuffer -> FramePacer -> OutboundAudioTrack
+    RTP -> AudioReceivePath (reorder, conceal, decode to float32 mono) -> feed()
+      -> resample to the engine rate -> DropOldestQueue
+      -> engine worker (thread pool, or inline for trivial engines)
+      -> resample to 48 kHz -> RingBuffer -> FramePacer -> OutboundAudioTrack (Opus)
 
-The pump drains aiortc's unbounded per-track queue continuously, so backlog can only build
-in our bounded queue, where it is dropped and counted. One worker task per session calls
-the engine sequentially: the state is never touched by two threads at once.
+Frames enter synchronously from the receive path, so the only place backlog can build is
+the bounded queue, where it is dropped and counted. One worker task per session calls the
+engine sequentially: the state is never touched by two threads at once.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from media.engines.base import TransformEngine
-from media.frames import FRAME_SAMPLES, RTC_RATE, frame_to_mono
+from media.frames import FRAME_SAMPLES, RTC_RATE
+from media.opus import OpusEncoder
 from media.pacing import FramePacer
 from media.queues import DropOldestQueue
+from media.receive import AudioReceivePath, ReceiveStats, install
 from media.resample import StreamResampler
 from media.ringbuffer import RingBuffer
 from media.tracks import OutboundAudioTrack
@@ -58,6 +60,7 @@ class TransformPipeline:
         options: Mapping[str, Any],
         state: Any,
         executor: Executor,
+        encoder: OpusEncoder,
         session_id: str = "",
     ) -> None:
         self.engine = engine
@@ -74,7 +77,8 @@ class TransformPipeline:
             self._output,
             max_backlog=max(TRANSFORM_BACKLOG_FRAMES * FRAME_SAMPLES, hop_at_48k + FRAME_SAMPLES),
         )
-        self.track = OutboundAudioTrack(self.pacer)
+        self.track = OutboundAudioTrack(self.pacer, encoder)
+        self._receive: AudioReceivePath | None = None
         self._frames_in = 0
         self._engine_calls = 0
         self._engine_errors = 0
@@ -88,21 +92,30 @@ class TransformPipeline:
         engine: TransformEngine[Any],
         options: Mapping[str, Any],
         executor: Executor,
+        encoder: OpusEncoder,
         session_id: str = "",
     ) -> TransformPipeline:
         """Build a pipeline; the state is made off the loop (a cold state can take ~0.5 s)."""
         loop = asyncio.get_running_loop()
         state = await loop.run_in_executor(executor, engine.new_state, options)
-        return cls(engine, options, state, executor, session_id)
+        return cls(engine, options, state, executor, encoder, session_id)
 
-    def start(self, inbound: MediaStreamTrack) -> None:
-        """Begin consuming ``inbound``; safe to call once."""
-        if self._tasks:
-            raise RuntimeError("pipeline already started")
-        self._tasks = [
-            asyncio.create_task(self._pump(inbound), name=f"pump-{self._session_id[:8]}"),
-            asyncio.create_task(self._work(), name=f"engine-{self._session_id[:8]}"),
-        ]
+    def attach(self, receiver: Any) -> None:
+        """Take the audio of an aiortc ``RTCRtpReceiver`` and start the engine worker."""
+        if self._receive is not None:
+            raise RuntimeError("pipeline already attached")
+        self._receive = AudioReceivePath(self.feed)
+        install(receiver, self._receive)
+        self._tasks = [asyncio.create_task(self._work(), name=f"engine-{self._session_id[:8]}")]
+
+    def feed(self, pcm: np.ndarray) -> None:
+        """One decoded frame (48 kHz float32 mono) from the receive path."""
+        self._frames_in += 1
+        self._input.put(self._to_engine.process(pcm))
+
+    @property
+    def receive_stats(self) -> ReceiveStats:
+        return self._receive.stats if self._receive is not None else ReceiveStats()
 
     @property
     def stats(self) -> PipelineStats:
@@ -115,15 +128,6 @@ class TransformPipeline:
             underruns=self.pacer.underruns,
             backlog_dropped_ms=1000 * self.pacer.backlog_dropped / RTC_RATE,
         )
-
-    async def _pump(self, inbound: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await inbound.recv()
-            except MediaStreamError:
-                return
-            self._frames_in += 1
-            self._input.put(self._to_engine.process(frame_to_mono(frame)))
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
@@ -177,6 +181,8 @@ class TransformPipeline:
         self._tasks.clear()
         await self._finish_inflight_call()
         self.track.stop()
+        if self._receive is not None:
+            self._receive.close()
         self._input.clear()
         self._output.clear()
         self.engine.close_state(self._state)

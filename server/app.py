@@ -7,6 +7,7 @@ once), the thread pool that runs engine calls off the event loop, and the sessio
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,6 +46,13 @@ async def _index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
 
+def _file_handler(path: Path) -> Callable[[web.Request], Awaitable[web.FileResponse]]:
+    async def serve(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(path)
+
+    return serve
+
+
 async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -64,7 +72,11 @@ def create_app(settings: Settings, registry: EngineRegistry) -> web.Application:
     SignalingRoutes(server.sessions, settings.ice_servers, settings.max_body_bytes).register(app)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/", _index)
-    app.router.add_static("/", WEB_DIR, show_index=False, follow_symlinks=False)
+    # One route per page file, not a static catch-all at "/": that would answer every unknown
+    # path itself (an empty, non-JSON 404 for GET, 405 for other methods).
+    for path in sorted(WEB_DIR.iterdir()):
+        if path.is_file():
+            app.router.add_get(f"/{path.name}", _file_handler(path))
 
     async def on_shutdown(app: web.Application) -> None:
         await server.close()

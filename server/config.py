@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -126,8 +127,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError(f"--max-sessions ({ENV_PREFIX}MAX_SESSIONS) must be at least 1")
     if settings.engine_threads < 1:
         raise SettingsError(f"--engine-threads ({ENV_PREFIX}ENGINE_THREADS) must be at least 1")
-    if settings.ice_timeout <= 0:
-        raise SettingsError(f"--ice-timeout ({ENV_PREFIX}ICE_TIMEOUT) must be positive")
+    if not 0 < settings.ice_timeout < math.inf:  # also refuses nan
+        raise SettingsError(f"--ice-timeout ({ENV_PREFIX}ICE_TIMEOUT) must be positive and finite")
     if settings.max_body_bytes < 1024:
         raise SettingsError(f"--max-body-bytes ({ENV_PREFIX}MAX_BODY_BYTES) must be >= 1024")
     if settings.log_level.lower() not in ("debug", "info", "warning", "error"):

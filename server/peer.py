@@ -21,11 +21,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamTrack
 
-from media.filetracks import SamplesSourceTrack, TrackRecorder
+from media.filetracks import FrameRecorder, SamplesSourceTrack
 from media.frames import RTC_RATE
 from media.probe import ChirpInserter, marker_rtts, rtt_from_envelopes, summarize
+from media.receive import AudioReceivePath, install
 from media.wav import read_wav, write_wav
 from signaling.client import SignalingError, delete_session, post_offer, post_whip
 from signaling.ice import restrict_host_addresses, rtc_configuration
@@ -83,7 +83,8 @@ class PeerReport:
     frames_sent: int
     frames_received: int
     gaps: int
-    gap_ms: float
+    concealed: int
+    late_dropped: int
     rtt_method: str
     rtt_ms_p50: float | None
     rtt_ms_p95: float | None
@@ -124,16 +125,12 @@ async def call(opts: PeerOptions) -> CallResult:
     audio = read_wav(opts.input, RTC_RATE)
     markers = ChirpInserter() if opts.rtt_method == "chirp" else None
     source = SamplesSourceTrack(audio, shape=markers.process if markers else None)
-    recorder = TrackRecorder()
+    recorder = FrameRecorder()
+    receive = AudioReceivePath(recorder)
     pc = RTCPeerConnection(rtc_configuration([]))
     connected = asyncio.Event()
-    pc.addTrack(source)
+    install(pc.addTransceiver(source, direction="sendrecv").receiver, receive)
     channel = pc.createDataChannel("control")
-
-    @pc.on("track")
-    def on_track(track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
-            recorder.start(track)
 
     @pc.on("connectionstatechange")
     def on_state() -> None:
@@ -168,7 +165,7 @@ async def call(opts: PeerOptions) -> CallResult:
     except aiohttp.ClientError as exc:
         error = f"could not reach {opts.url}: {exc}"
     finally:
-        await recorder.stop()
+        receive.close()
         await pc.close()
 
     received = recorder.audio()
@@ -190,8 +187,9 @@ async def call(opts: PeerOptions) -> CallResult:
         connect_ms=round(connect_ms, 1) if connect_ms is not None else None,
         frames_sent=source.frames_sent,
         frames_received=recorder.frames,
-        gaps=recorder.gaps,
-        gap_ms=round(1000 * recorder.gap_samples / RTC_RATE, 1),
+        gaps=receive.stats.concealed + receive.stats.skipped,
+        concealed=receive.stats.concealed,
+        late_dropped=receive.stats.late_dropped,
         rtt_method=opts.rtt_method,
         rtt_ms_p50=summary["rtt_ms_p50"],
         rtt_ms_p95=summary["rtt_ms_p95"],

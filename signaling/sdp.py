@@ -19,11 +19,21 @@ RECEIVES_AUDIO = ("sendrecv", "recvonly")
 
 
 @dataclass(frozen=True)
+class OpusParameters:
+    """The offerer's Opus receive preferences (RFC 7587 fmtp), which our encoder honours."""
+
+    max_average_bitrate: int | None = None
+    stereo: bool = False
+    inband_fec: bool = False
+
+
+@dataclass(frozen=True)
 class OfferSummary:
     """What the server needs to know about an offer before answering it."""
 
     audio_direction: str
     has_data_channel: bool
+    opus: OpusParameters = OpusParameters()
 
     @property
     def sends_audio(self) -> bool:
@@ -52,7 +62,8 @@ def inspect_offer(text: str) -> OfferSummary:
     if not audio:
         raise ApiError(400, "no_audio", "The offer has no audio m-line; add an audio track.")
     first = audio[0]
-    if not any(codec.mimeType.lower() == "audio/opus" for codec in first.rtp.codecs):
+    opus = next((c for c in first.rtp.codecs if c.mimeType.lower() == "audio/opus"), None)
+    if opus is None:
         raise ApiError(400, "unsupported_codec", "The offer's audio must include Opus.")
     for media in description.media:
         if not media.ice.usernameFragment or not media.ice.password:
@@ -62,4 +73,17 @@ def inspect_offer(text: str) -> OfferSummary:
     return OfferSummary(
         audio_direction=first.direction or "sendrecv",
         has_data_channel=any(m.kind == "application" for m in description.media),
+        opus=_opus_parameters(opus.parameters),
     )
+
+
+def _opus_parameters(fmtp: dict[str, object]) -> OpusParameters:
+    def flag(name: str) -> bool:
+        return str(fmtp.get(name, "0")) == "1"
+
+    bitrate = fmtp.get("maxaveragebitrate")
+    try:
+        max_bitrate = int(str(bitrate)) if bitrate is not None else None
+    except ValueError:
+        max_bitrate = None
+    return OpusParameters(max_bitrate, stereo=flag("stereo"), inband_fec=flag("useinbandfec"))

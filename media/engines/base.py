@@ -12,8 +12,9 @@ the remainder in its state and returns as many samples as it could produce.
 from __future__ import annotations
 
 import enum
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -161,3 +162,26 @@ class TransformEngine(Engine[StateT]):
         """Replace a state after an error: the session survives, the stream gets a short gap."""
         self.close_state(state)
         return self.new_state(options)
+
+
+class SpeakEngine(Engine[StateT]):
+    """Text in, audio out: synthesis streams chunks as the model produces them.
+
+    ``synthesize`` runs in a worker thread. It must yield float32 mono chunks at
+    ``sample_rate`` as soon as each is ready (the first one long before the whole text is
+    done) and check ``cancel`` between chunks, returning promptly once it is set, so an
+    interrupted utterance stops costing CPU within one chunk.
+    """
+
+    @abstractmethod
+    def synthesize(self, state: StateT, text: str, cancel: threading.Event) -> Iterator[np.ndarray]:
+        """Yield the audio of ``text`` chunk by chunk until done or cancelled."""
+
+
+# Options every speak session has, whatever its engine; engines add them to their specs.
+BARGE_IN_OPTION = OptionSpec(
+    "barge_in",
+    "boolean",
+    True,
+    "Stop speaking when the caller starts talking (the server's own voice is echo-cancelled).",
+)
