@@ -24,12 +24,10 @@ import numpy as np
 from media.engines.base import TransformEngine
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.opus import OpusEncoder
-from media.pacing import FramePacer
+from media.outbound import OutboundAudio
 from media.queues import DropOldestQueue
 from media.receive import AudioReceivePath, ReceiveStats, install
 from media.resample import StreamResampler
-from media.ringbuffer import RingBuffer
-from media.tracks import OutboundAudioTrack
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +69,14 @@ class TransformPipeline:
         self._to_engine = StreamResampler(RTC_RATE, engine.sample_rate)
         self._from_engine = StreamResampler(engine.sample_rate, RTC_RATE)
         self._input: DropOldestQueue[np.ndarray] = DropOldestQueue(INPUT_QUEUE_FRAMES)
-        self._output = RingBuffer(int(OUTPUT_BUFFER_SECONDS * RTC_RATE))
         hop_at_48k = int(np.ceil(engine.hop_size * RTC_RATE / engine.sample_rate))
-        self.pacer = FramePacer(
-            self._output,
+        self.output = OutboundAudio(
+            encoder,
+            capacity_seconds=OUTPUT_BUFFER_SECONDS,
             max_backlog=max(TRANSFORM_BACKLOG_FRAMES * FRAME_SAMPLES, hop_at_48k + FRAME_SAMPLES),
         )
-        self.track = OutboundAudioTrack(self.pacer, encoder)
+        self.track = self.output.track
+        self.pacer = self.output.pacer
         self._receive: AudioReceivePath | None = None
         self._frames_in = 0
         self._engine_calls = 0
@@ -146,8 +145,7 @@ class TransformPipeline:
                 continue
             self._engine_calls += 1
             if len(out):
-                self._output.write(self._from_engine.process(out))
-                self.pacer.notify()
+                self.output.write(self._from_engine.process(out))
 
     async def _reset_state(self, loop: asyncio.AbstractEventLoop) -> None:
         """Replace a failed state; the stream gets a gap (silence), the session goes on."""
@@ -180,10 +178,9 @@ class TransformPipeline:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self._finish_inflight_call()
-        self.track.stop()
+        self.output.close()
         if self._receive is not None:
             self._receive.close()
         self._input.clear()
-        self._output.clear()
         self.engine.close_state(self._state)
         self._state = None

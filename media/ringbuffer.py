@@ -29,6 +29,10 @@ class RingBuffer:
         self._start = 0
         self._size = 0
         self.dropped = 0
+        # Stream positions: every sample ever written, and every sample that left the buffer
+        # (read, discarded or overwritten). Their difference is ``available``.
+        self.written = 0
+        self.consumed = 0
         _live.add(self)
 
     @property
@@ -43,11 +47,13 @@ class RingBuffer:
         """Append samples; return how many old samples were dropped to make room."""
         n = len(samples)
         cap = self.capacity
+        self.written += n
         if n >= cap:
             dropped = self._size + n - cap
             self._data[:] = samples[n - cap :]
             self._start, self._size = 0, cap
             self.dropped += dropped
+            self.consumed += dropped
             return dropped
         dropped = max(0, self._size + n - cap)
         if dropped:
@@ -70,6 +76,7 @@ class RingBuffer:
         out[first:n] = self._data[: n - first]
         self._start = (self._start + n) % self.capacity
         self._size -= n
+        self.consumed += n
         return out[:n]
 
     def peek(self, n: int) -> np.ndarray:
@@ -83,6 +90,7 @@ class RingBuffer:
         n = min(n, self._size)
         self._start = (self._start + n) % self.capacity
         self._size -= n
+        self.consumed += n
         return n
 
     def clear(self) -> int:

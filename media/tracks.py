@@ -12,6 +12,7 @@ nothing ready, the slot is silence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 
 import av
@@ -39,10 +40,16 @@ class OutboundAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, pacer: FramePacer, encoder: OpusEncoder) -> None:
+    def __init__(
+        self,
+        pacer: FramePacer,
+        encoder: OpusEncoder,
+        on_frame: Callable[[np.ndarray, bool], None] | None = None,
+    ) -> None:
         super().__init__()
         self.pacer = pacer
         self.encoder = encoder
+        self._on_frame = on_frame
         self.frames_sent = 0
         self.silence_sent = 0
 
@@ -54,6 +61,8 @@ class OutboundAudioTrack(MediaStreamTrack):
             raise MediaStreamError
         self.frames_sent += 1
         self.silence_sent += is_silence
+        if self._on_frame is not None:
+            self._on_frame(samples, is_silence)
         return opus_packet(self.encoder, samples, self.pacer.pts)
 
     def stop(self) -> None:

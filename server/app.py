@@ -14,7 +14,9 @@ from pathlib import Path
 from aiohttp import web
 
 from media.engines.registry import EngineRegistry
+from media.vad import SileroVad, VadUnavailable
 from server.config import Settings
+from server.session_routes import SessionRoutes
 from server.sessions import SessionManager
 from signaling.errors import json_errors
 from signaling.ice import restrict_host_addresses
@@ -35,11 +37,20 @@ class Server:
         self.executor = ThreadPoolExecutor(
             max_workers=settings.engine_threads, thread_name_prefix="engine"
         )
-        self.sessions = SessionManager(settings, registry, self.executor)
+        self.sessions = SessionManager(settings, registry, self.executor, load_vad())
 
     async def close(self) -> None:
         await self.sessions.close_all()
         self.executor.shutdown(wait=True)
+
+
+def load_vad() -> SileroVad | None:
+    """The shared voice activity detector for barge-in, or None (logged) when missing."""
+    try:
+        return SileroVad()
+    except VadUnavailable as exc:
+        log.warning("barge-in disabled: %s", exc)
+        return None
 
 
 async def _index(request: web.Request) -> web.FileResponse:
@@ -70,6 +81,7 @@ def create_app(settings: Settings, registry: EngineRegistry) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=settings.max_body_bytes)
     app[SERVER_KEY] = server
     SignalingRoutes(server.sessions, settings.ice_servers, settings.max_body_bytes).register(app)
+    SessionRoutes(server.sessions).register(app)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/", _index)
     # One route per page file, not a static catch-all at "/": that would answer every unknown

@@ -11,21 +11,25 @@ import asyncio
 import logging
 import secrets
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 
 from media.engines.base import (
-    EngineKind,
+    Engine,
     EngineUnavailable,
     OptionsError,
+    SpeakEngine,
     TransformEngine,
 )
 from media.engines.registry import EngineRegistry, UnknownEngine
 from media.opus import Application, OpusEncoder
 from media.pipeline import TransformPipeline
+from media.speak import SpeakPipeline
+from media.vad import SileroVad
 from server.config import Settings
+from server.events import EventHub
+from server.session import Session
 from signaling.errors import ApiError
 from signaling.ice import rtc_configuration
 from signaling.routes import CodecRequest, OfferAnswer, OfferRequest
@@ -68,35 +72,18 @@ def new_session_id() -> str:
     return secrets.token_urlsafe(SESSION_ID_BYTES)
 
 
-@dataclass
-class Session:
-    id: str
-    engine: str
-    pc: RTCPeerConnection
-    pipeline: TransformPipeline
-    watchdog: asyncio.Task[None] | None = None
-    connected: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def describe(self) -> dict[str, Any]:
-        stats = self.pipeline.stats
-        return {
-            "session_id": self.id,
-            "engine": self.engine,
-            "connection_state": self.pc.connectionState,
-            "frames_in": stats.frames_in,
-            "frames_out": stats.frames_out,
-            "input_dropped": stats.input_dropped,
-            "underruns": stats.underruns,
-            "engine_errors": stats.engine_errors,
-        }
-
-
 class SessionManager:
     """Owns every live session of this process; the signaling routes call into it."""
 
-    def __init__(self, settings: Settings, registry: EngineRegistry, executor: Executor) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: EngineRegistry,
+        executor: Executor,
+        vad: SileroVad | None = None,
+    ) -> None:
         self._settings = settings
+        self._vad = vad
         self._registry = registry
         self._executor = executor
         self._sessions: dict[str, Session] = {}
@@ -119,7 +106,7 @@ class SessionManager:
             "unavailable": self._registry.unavailable,
         }
 
-    def _engine_for(self, request: OfferRequest) -> TransformEngine[Any]:
+    def _engine_for(self, request: OfferRequest) -> Engine[Any]:
         name = request.engine or self._settings.engine
         try:
             engine = self._registry.get(name)
@@ -127,7 +114,7 @@ class SessionManager:
             raise ApiError(404 if request.whip else 400, "unknown_engine", str(exc)) from exc
         except EngineUnavailable as exc:
             raise ApiError(503, "engine_unavailable", str(exc)) from exc
-        if engine.kind is not EngineKind.TRANSFORM or not isinstance(engine, TransformEngine):
+        if not isinstance(engine, TransformEngine | SpeakEngine):
             raise ApiError(400, "unsupported_engine", f"Engine '{name}' cannot run a call.")
         return engine
 
@@ -144,7 +131,7 @@ class SessionManager:
             options = engine.validate_options(request.options)
         except OptionsError as exc:
             raise ApiError(400, "invalid_options", str(exc)) from exc
-        if not request.summary.sends_audio:
+        if isinstance(engine, TransformEngine) and not request.summary.sends_audio:
             raise ApiError(
                 400,
                 "no_audio_input",
@@ -158,15 +145,24 @@ class SessionManager:
             self._opening -= 1
 
     async def _open(
-        self, request: OfferRequest, engine: TransformEngine[Any], options: dict[str, Any]
+        self, request: OfferRequest, engine: Engine[Any], options: dict[str, Any]
     ) -> OfferAnswer:
         session_id = new_session_id()
         encoder = opus_encoder_for(request.summary.opus, request.codec)
-        pipeline = await TransformPipeline.create(
-            engine, options, self._executor, encoder, session_id
-        )
+        events = EventHub()
+        pipeline: TransformPipeline | SpeakPipeline
+        if isinstance(engine, SpeakEngine):
+            pipeline = await SpeakPipeline.create(
+                engine, options, self._executor, encoder, events.publish, session_id, self._vad
+            )
+        else:
+            assert isinstance(engine, TransformEngine)
+            pipeline = await TransformPipeline.create(
+                engine, options, self._executor, encoder, session_id
+            )
         pc = RTCPeerConnection(rtc_configuration(self._settings.ice_servers))
-        session = Session(session_id, engine.name, pc, pipeline)
+        session = Session(session_id, engine, pc, pipeline, events)
+        pc.on("datachannel", session.use_channel)
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
@@ -219,6 +215,7 @@ class SessionManager:
         if session.watchdog is not None and session.watchdog is not asyncio.current_task():
             session.watchdog.cancel()
         await session.pipeline.close()
+        session.events.close()
         await session.pc.close()
         session.closed.set()
         log.info("session %s: closed", session_id)

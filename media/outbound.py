@@ -1,0 +1,65 @@
+"""Where a session's output audio waits for its slot: ring buffer, pacer and track together.
+
+Transform and speak sessions differ in what they write here (a continuous processed
+stream, or bursts of synthesised speech far ahead of real time) and in how much audio may
+wait (a transform drops a backlog to keep latency; speech must all be played), but they
+leave through the same paced, Opus-encoding track.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from media.frames import FRAME_SAMPLES, RTC_RATE
+from media.opus import OpusEncoder
+from media.pacing import FramePacer
+from media.ringbuffer import RingBuffer
+from media.tracks import OutboundAudioTrack
+
+FADE_SAMPLES = FRAME_SAMPLES  # an interruption fades out over one frame: no click
+
+FrameObserver = Callable[[np.ndarray, bool], None]
+
+
+class OutboundAudio:
+    """48 kHz float32 mono in, one paced Opus frame per 20 ms out."""
+
+    def __init__(
+        self,
+        encoder: OpusEncoder,
+        capacity_seconds: float,
+        max_backlog: int | None,
+        on_frame: FrameObserver | None = None,
+    ) -> None:
+        self.buffer = RingBuffer(int(capacity_seconds * RTC_RATE))
+        self.pacer = FramePacer(self.buffer, max_backlog=max_backlog)
+        self.track = OutboundAudioTrack(self.pacer, encoder, on_frame=on_frame)
+
+    def write(self, samples: np.ndarray) -> None:
+        if len(samples):
+            self.buffer.write(samples)
+            self.pacer.notify()
+
+    @property
+    def buffered_seconds(self) -> float:
+        return self.buffer.available / RTC_RATE
+
+    def fade_out(self) -> int:
+        """Keep one frame of what is queued, faded to zero, and drop the rest.
+
+        Returns how many samples were dropped. Whatever frame goes out next ends in
+        silence instead of a cut, and the one after it is silence.
+        """
+        head = self.buffer.read(FADE_SAMPLES)
+        dropped = self.buffer.clear()
+        if len(head):
+            ramp = np.linspace(1.0, 0.0, len(head), dtype=np.float32)
+            self.buffer.write(head * ramp)
+            self.pacer.notify()
+        return dropped
+
+    def close(self) -> None:
+        self.track.stop()
+        self.buffer.clear()

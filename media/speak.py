@@ -1,0 +1,411 @@
+"""The audio path of one speak session: text in, paced speech out, barge-in on the caller.
+
+    speak / speak_delta / flush -> Utterance queue (FIFO)
+      -> synthesis thread: engine.synthesize(state, sentence, cancel) chunk by chunk
+      -> resample to 48 kHz -> OutboundAudio (speech is never dropped, only interrupted)
+    caller RTP -> AudioReceivePath -> listener: echo canceller (reference: what was sent)
+      -> VAD -> speech start while speaking and barge_in on -> interrupt
+
+Each utterance is cut into sentences as its text arrives (``media.text``), so the first
+sentence is synthesised and playing while later text is still streaming in. Events follow
+the audio actually sent on the track: ``speech_started`` when an utterance's first sample
+leaves, ``speech_finished`` when its last one has (or when it is interrupted, with the
+position reached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from media.aec import EchoCanceller
+from media.engines.base import SpeakEngine
+from media.frames import RTC_RATE
+from media.opus import OpusEncoder
+from media.outbound import OutboundAudio
+from media.queues import DropOldestQueue
+from media.receive import AudioReceivePath, ReceiveStats, install
+from media.resample import StreamResampler
+from media.text import SentenceSplitter
+from media.vad import SileroVad, SpeechDetector, SpeechEventKind
+
+log = logging.getLogger(__name__)
+
+Event = dict[str, Any]
+EventSink = Callable[[Event], None]
+
+OUTPUT_BUFFER_SECONDS = 120.0
+# Synthesis pauses once this much speech is waiting to be played: a long text costs memory
+# in proportion to what is ahead, not to its length, and an interrupt discards little work.
+MAX_AHEAD_SECONDS = 20.0
+LISTEN_QUEUE_FRAMES = 25  # caller audio waiting for the echo canceller and VAD, at most
+
+
+@dataclass(eq=False)
+class Utterance:
+    """One thing to say: complete (``speak``) or growing piece by piece (``speak_delta``)."""
+
+    id: str
+    splitter: SentenceSplitter = field(default_factory=SentenceSplitter)
+    sentences: deque[str] = field(default_factory=deque)
+    closed: bool = False  # no more text will come
+    more: asyncio.Event = field(default_factory=asyncio.Event)
+    start: int | None = None  # output stream position of the first sample
+    end: int | None = None  # set once synthesis is complete
+    started: bool = False
+    finished: bool = False
+
+    def add(self, text: str) -> None:
+        self.sentences.extend(self.splitter.feed(text))
+        self.more.set()
+
+    def close(self) -> None:
+        self.sentences.extend(self.splitter.flush())
+        self.closed = True
+        self.more.set()
+
+    async def next_sentence(self) -> str | None:
+        """The next sentence to synthesise, waiting for text; None once closed and drained."""
+        while not self.sentences:
+            if self.closed:
+                return None
+            self.more.clear()
+            await self.more.wait()
+        return self.sentences.popleft()
+
+
+@dataclass
+class SpeakStats:
+    utterances: int = 0
+    interrupted: int = 0
+    barge_ins: int = 0
+    sentences: int = 0
+    synthesis_errors: int = 0
+    listen_dropped: int = 0
+
+
+class SpeakPipeline:
+    """Speaks queued text on the session's track and stops the moment it is told to."""
+
+    def __init__(
+        self,
+        engine: SpeakEngine[Any],
+        options: Mapping[str, Any],
+        state: Any,
+        executor: Executor,
+        encoder: OpusEncoder,
+        emit: EventSink,
+        session_id: str = "",
+        vad: SileroVad | None = None,
+    ) -> None:
+        self.engine = engine
+        self.options = dict(options)
+        self._state = state
+        self._executor = executor
+        self._emit = emit
+        self._session_id = session_id
+        self._to_output = StreamResampler(engine.sample_rate, RTC_RATE)
+        self.output = OutboundAudio(
+            encoder, OUTPUT_BUFFER_SECONDS, max_backlog=None, on_frame=self._on_frame_sent
+        )
+        self.track = self.output.track
+        self._queue: deque[Utterance] = deque()
+        self._queued = asyncio.Event()
+        self._open_delta: Utterance | None = None
+        self._current: Utterance | None = None
+        self._playing: deque[Utterance] = deque()  # synthesised, not yet fully sent
+        self._cancel = threading.Event()
+        self._room = threading.Event()
+        self._room.set()
+        self._next_id = 0
+        self.stats = SpeakStats()
+        self._listen: DropOldestQueue[tuple[str, np.ndarray]] = DropOldestQueue(
+            LISTEN_QUEUE_FRAMES * 2
+        )
+        self._vad = vad
+        self._vad_state = vad.new_state() if vad is not None else None
+        self._detector = SpeechDetector()
+        self._aec = EchoCanceller()
+        self._receive: AudioReceivePath | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls,
+        engine: SpeakEngine[Any],
+        options: Mapping[str, Any],
+        executor: Executor,
+        encoder: OpusEncoder,
+        emit: EventSink,
+        session_id: str = "",
+        vad: SileroVad | None = None,
+    ) -> SpeakPipeline:
+        loop = asyncio.get_running_loop()
+        state = await loop.run_in_executor(executor, engine.new_state, options)
+        pipeline = cls(engine, options, state, executor, encoder, emit, session_id, vad)
+        pipeline._tasks.append(asyncio.create_task(pipeline._speak_loop()))
+        return pipeline
+
+    # --- text in -------------------------------------------------------------------------
+
+    def _new_id(self, requested: str | None) -> str:
+        if requested is not None:
+            return requested
+        self._next_id += 1
+        return f"u{self._next_id}"
+
+    def speak(self, text: str, utterance_id: str | None = None) -> str:
+        """Queue a complete utterance (spoken in full even without final punctuation)."""
+        utterance = Utterance(self._new_id(utterance_id))
+        utterance.add(text)
+        utterance.close()
+        self._enqueue(utterance)
+        return utterance.id
+
+    def speak_delta(self, piece: str, utterance_id: str | None = None) -> str:
+        """Add a streamed piece; sentences are spoken as soon as their boundary arrives."""
+        utterance = self._open_delta
+        if utterance is None or (utterance_id is not None and utterance_id != utterance.id):
+            if utterance is not None:
+                utterance.close()
+            utterance = Utterance(self._new_id(utterance_id))
+            self._open_delta = utterance
+            self._enqueue(utterance)
+        utterance.add(piece)
+        return utterance.id
+
+    def flush(self, utterance_id: str | None = None) -> str | None:
+        """Speak the rest of the streamed utterance; returns its id (None if there was none)."""
+        utterance = self._open_delta
+        if utterance is None or (utterance_id is not None and utterance_id != utterance.id):
+            return None
+        utterance.close()
+        self._open_delta = None
+        return utterance.id
+
+    def _enqueue(self, utterance: Utterance) -> None:
+        self.stats.utterances += 1
+        self._queue.append(utterance)
+        self._queued.set()
+
+    # --- synthesis -----------------------------------------------------------------------
+
+    async def _speak_loop(self) -> None:
+        while True:
+            while not self._queue:
+                self._queued.clear()
+                await self._queued.wait()
+            utterance = self._queue.popleft()
+            self._current = utterance
+            self._cancel.clear()
+            await self._synthesise(utterance)
+            self._current = None
+
+    async def _synthesise(self, utterance: Utterance) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._cancel.is_set():
+            sentence = await utterance.next_sentence()
+            if sentence is None or self._cancel.is_set():
+                break
+            self.stats.sentences += 1
+            try:
+                await loop.run_in_executor(
+                    self._executor, self._synthesise_sentence, loop, utterance, sentence
+                )
+            except Exception as exc:
+                log.exception("session %s: synthesis failed", self._session_id)
+                self.stats.synthesis_errors += 1
+                self._emit(
+                    {
+                        "type": "error",
+                        "error": "synthesis_failed",
+                        "message": f"Speech synthesis failed: {type(exc).__name__}.",
+                        "id": utterance.id,
+                    }
+                )
+                break
+        if self._cancel.is_set() or utterance.finished:
+            return
+        self._output_tail()
+        utterance.end = self.output.buffer.written
+        if utterance.start is None:  # nothing was spoken (empty text)
+            utterance.start = utterance.end
+            self._playing.append(utterance)
+        self._advance_events()
+
+    def _synthesise_sentence(
+        self, loop: asyncio.AbstractEventLoop, utterance: Utterance, sentence: str
+    ) -> None:
+        """Runs in a worker thread: stream chunks to the loop, pausing when far ahead."""
+        for chunk in self.engine.synthesize(self._state, sentence, self._cancel):
+            if self._cancel.is_set():
+                return
+            loop.call_soon_threadsafe(self._accept_chunk, utterance, chunk)
+            while not self._room.wait(timeout=0.5):
+                if self._cancel.is_set():
+                    return
+
+    def _accept_chunk(self, utterance: Utterance, chunk: np.ndarray) -> None:
+        if self._cancel.is_set() or utterance.finished or self._closed:
+            return
+        samples = self._to_output.process(np.asarray(chunk, dtype=np.float32))
+        if utterance.start is None:
+            utterance.start = self.output.buffer.written
+            self._playing.append(utterance)
+        self.output.write(samples)
+        if self.output.buffered_seconds > MAX_AHEAD_SECONDS:
+            self._room.clear()
+
+    def _output_tail(self) -> None:
+        """Drain the resampler at the end of an utterance so its last samples are played."""
+        tail = self._to_output.process(np.zeros(0, np.float32), last=True)
+        self.output.write(tail)
+        self._to_output.reset()
+
+    # --- events follow the audio actually sent ------------------------------------------
+
+    def _on_frame_sent(self, samples: np.ndarray, is_silence: bool) -> None:
+        if not self._room.is_set() and self.output.buffered_seconds < MAX_AHEAD_SECONDS / 2:
+            self._room.set()
+        if self._vad is not None:
+            self._listen_put("render", samples)
+        self._advance_events()
+
+    def _advance_events(self) -> None:
+        sent = self.output.buffer.consumed
+        while self._playing:
+            utterance = self._playing[0]
+            assert utterance.start is not None
+            silent = utterance.end == utterance.start
+            if not utterance.started and (sent > utterance.start or silent):
+                utterance.started = True
+                self._emit({"type": "speech_started", "id": utterance.id})
+            if utterance.end is None or sent < utterance.end:
+                return
+            self._playing.popleft()
+            self._finish(utterance, interrupted=False, position=utterance.end - utterance.start)
+
+    def _finish(self, utterance: Utterance, interrupted: bool, position: int) -> None:
+        utterance.finished = True
+        self._emit(
+            {
+                "type": "speech_finished",
+                "id": utterance.id,
+                "position_ms": round(1000 * max(0, position) / RTC_RATE, 1),
+                "interrupted": interrupted,
+            }
+        )
+
+    @property
+    def speaking(self) -> bool:
+        return bool(self._playing) or self._current is not None
+
+    def interrupt(self) -> int:
+        """Stop speaking now: fade out, cancel synthesis, drop everything queued.
+
+        Returns how many utterances were cut or dropped.
+        """
+        self._cancel.set()
+        self._room.set()  # wake a synthesis thread waiting for room, so it sees the cancel
+        sent = self.output.buffer.consumed
+        self.output.fade_out()
+        self._to_output.reset()
+        cut = 0
+        for utterance in self._playing:
+            self._finish(utterance, interrupted=True, position=sent - (utterance.start or sent))
+            cut += 1
+        self._playing.clear()
+        current, self._current = self._current, None
+        if current is not None and not current.finished:
+            self._finish(current, interrupted=True, position=0)
+            cut += 1
+        for utterance in self._queue:
+            self._finish(utterance, interrupted=True, position=0)
+            cut += 1
+        self._queue.clear()
+        if self._open_delta is not None and not self._open_delta.finished:
+            self._finish(self._open_delta, interrupted=True, position=0)
+            cut += 1
+        self._open_delta = None
+        if cut:
+            self.stats.interrupted += 1
+        return cut
+
+    # --- the caller's audio: barge-in ----------------------------------------------------
+
+    def attach(self, receiver: Any) -> None:
+        """Listen to the caller through an aiortc ``RTCRtpReceiver`` (for barge-in)."""
+        if self._receive is not None:
+            raise RuntimeError("pipeline already attached")
+        self._receive = AudioReceivePath(self._on_caller_frame)
+        install(receiver, self._receive)
+        if self._vad is not None:
+            self._tasks.append(asyncio.create_task(self._listen_loop()))
+
+    @property
+    def receive_stats(self) -> ReceiveStats:
+        return self._receive.stats if self._receive is not None else ReceiveStats()
+
+    def _on_caller_frame(self, pcm: np.ndarray) -> None:
+        if self._vad is not None:
+            self._listen_put("capture", pcm)
+
+    def _listen_put(self, kind: str, samples: np.ndarray) -> None:
+        if not self._listen.put((kind, samples.copy())):
+            self.stats.listen_dropped += 1
+
+    async def _listen_loop(self) -> None:
+        """Echo-cancel and run the VAD off the loop, a batch of queued frames per call."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._listen.get()]
+            while len(self._listen):
+                batch.append(await self._listen.get())
+            started = await loop.run_in_executor(self._executor, self._detect_speech, batch)
+            if started and self.options.get("barge_in", True) and self.speaking:
+                self.stats.barge_ins += 1
+                self._emit({"type": "barge_in"})
+                self.interrupt()
+
+    def _detect_speech(self, batch: list[tuple[str, np.ndarray]]) -> bool:
+        """Runs in a worker thread; True when the caller started talking in this batch."""
+        assert self._vad is not None and self._vad_state is not None
+        started = False
+        for kind, samples in batch:
+            if kind == "render":
+                self._aec.render(samples)
+                continue
+            cleaned = self._aec.capture(samples)
+            probabilities = self._vad.process(self._vad_state, cleaned)
+            for event in self._detector.update(probabilities):
+                started |= event.kind is SpeechEventKind.START
+        return started
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel.set()
+        self._room.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.output.close()
+        if self._receive is not None:
+            self._receive.close()
+        self._listen.clear()
+        self._queue.clear()
+        self._playing.clear()
+        self.engine.close_state(self._state)

@@ -1,0 +1,116 @@
+"""The speak-session control protocol, shared by the data channel and the HTTP routes.
+
+Client -> server messages are JSON objects with a ``type``:
+
+- ``{"type": "speak", "text": T, "id"?: ID}``: a complete utterance, queued FIFO;
+- ``{"type": "speak_delta", "text": piece, "id"?: ID}``: a streamed piece of an utterance;
+- ``{"type": "flush", "id"?: ID}``: speak the rest of the streamed utterance;
+- ``{"type": "interrupt"}``: stop speaking now and drop everything queued.
+
+Anything malformed gets ``{"type": "error", "error": code, "message": sentence}`` back and
+changes nothing; the session goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+MAX_MESSAGE_BYTES = 16 * 1024
+MAX_TEXT_CHARS = 4000
+MAX_ID_CHARS = 128
+MESSAGE_TYPES = ("speak", "speak_delta", "flush", "interrupt")
+
+
+class ControlError(Exception):
+    """A message the server cannot act on, with a stable code for the client."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def event(self) -> dict[str, Any]:
+        return {"type": "error", "error": self.code, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Command:
+    type: str
+    text: str | None = None
+    id: str | None = None
+
+
+class Speaker(Protocol):
+    """What a command needs from a speak session."""
+
+    def speak(self, text: str, utterance_id: str | None = None) -> str: ...
+    def speak_delta(self, piece: str, utterance_id: str | None = None) -> str: ...
+    def flush(self, utterance_id: str | None = None) -> str | None: ...
+    def interrupt(self) -> int: ...
+
+
+def decode(raw: str | bytes) -> dict[str, Any]:
+    """Bytes or text to a JSON object, or a ControlError saying what is wrong."""
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_MESSAGE_BYTES:
+            raise ControlError(
+                "message_too_large", f"Messages are limited to {MAX_MESSAGE_BYTES} bytes."
+            )
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ControlError("invalid_encoding", "Messages must be UTF-8 JSON.") from exc
+    if len(raw.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
+        raise ControlError(
+            "message_too_large", f"Messages are limited to {MAX_MESSAGE_BYTES} bytes."
+        )
+    try:
+        payload = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ControlError("invalid_json", "The message is not valid JSON.") from exc
+    if not isinstance(payload, dict):
+        raise ControlError("invalid_message", "A message must be a JSON object with a 'type'.")
+    return payload
+
+
+def parse(payload: dict[str, Any]) -> Command:
+    """Check one decoded message against the protocol."""
+    kind = payload.get("type")
+    if not isinstance(kind, str):
+        raise ControlError("invalid_message", "A message needs a string 'type'.")
+    if kind not in MESSAGE_TYPES:
+        raise ControlError("unknown_type", f"Unknown message type '{kind[:40]}'.")
+    utterance_id = payload.get("id")
+    if utterance_id is not None and (
+        not isinstance(utterance_id, str) or not 0 < len(utterance_id) <= MAX_ID_CHARS
+    ):
+        raise ControlError("invalid_id", f"'id' must be a string of 1-{MAX_ID_CHARS} characters.")
+    text = payload.get("text")
+    if kind in ("speak", "speak_delta"):
+        if not isinstance(text, str):
+            raise ControlError("missing_text", f"A {kind} message needs a string 'text'.")
+        if kind == "speak" and not text.strip():
+            raise ControlError("missing_text", "A speak message needs some text to say.")
+        if len(text) > MAX_TEXT_CHARS:
+            raise ControlError(
+                "text_too_long", f"'text' is limited to {MAX_TEXT_CHARS} characters."
+            )
+    return Command(kind, text, utterance_id)
+
+
+def apply(command: Command, speaker: Speaker) -> dict[str, Any] | None:
+    """Carry out a command; returns an acknowledgement event when there is one."""
+    if command.type == "speak":
+        assert command.text is not None
+        return {"type": "speech_queued", "id": speaker.speak(command.text, command.id)}
+    if command.type == "speak_delta":
+        assert command.text is not None
+        speaker.speak_delta(command.text, command.id)
+        return None
+    if command.type == "flush":
+        speaker.flush(command.id)
+        return None
+    speaker.interrupt()
+    return None

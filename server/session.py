@@ -1,0 +1,90 @@
+"""One live session: its peer connection, its pipeline, its events and its control channel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiortc import RTCDataChannel, RTCPeerConnection
+
+from media.engines.base import Engine
+from media.pipeline import TransformPipeline
+from media.speak import SpeakPipeline
+from server.control import ControlError, apply, decode, parse
+from server.events import EventHub
+from signaling.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    engine: Engine[Any]
+    pc: RTCPeerConnection
+    pipeline: TransformPipeline | SpeakPipeline
+    events: EventHub
+    channel: RTCDataChannel | None = None
+    watchdog: asyncio.Task[None] | None = None
+    connected: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def speaker(self) -> SpeakPipeline:
+        """The speak pipeline, or the error a client gets for asking a transform to speak."""
+        if not isinstance(self.pipeline, SpeakPipeline):
+            raise ControlError(
+                "not_a_speak_session",
+                f"Engine '{self.engine.name}' transforms audio; open a session with a speak "
+                "engine to send text.",
+            )
+        return self.pipeline
+
+    def use_channel(self, channel: RTCDataChannel) -> None:
+        """Adopt the first data channel the client opens; later ones are ignored."""
+        if self.channel is not None:
+            return
+        self.channel = channel
+        channel.on("message", self._on_message)
+        channel.on("close", self.events.detach_channel)
+        self.events.attach_channel(self._send)
+
+    def _send(self, text: str) -> None:
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(text)
+
+    def _on_message(self, raw: str | bytes) -> None:
+        try:
+            reply = apply(parse(decode(raw)), self.speaker)
+        except ControlError as exc:
+            reply = exc.event()
+        if reply is not None:
+            self._send(json.dumps(reply))
+
+    def command(self, payload: Any) -> dict[str, Any] | None:
+        """Carry out a control message that came over HTTP; errors become 400 responses."""
+        try:
+            if not isinstance(payload, dict):
+                raise ControlError("invalid_message", "The body must be a JSON object.")
+            return apply(parse(payload), self.speaker)
+        except ControlError as exc:
+            raise ApiError(400, exc.code, exc.message) from exc
+
+    def describe(self) -> dict[str, Any]:
+        stats = self.pipeline.receive_stats
+        described: dict[str, Any] = {
+            "session_id": self.id,
+            "engine": self.engine.name,
+            "kind": self.engine.kind.value,
+            "connection_state": self.pc.connectionState,
+            "frames_out": self.pipeline.track.frames_sent,
+            "receive": vars(stats),
+        }
+        if isinstance(self.pipeline, TransformPipeline):
+            described["pipeline"] = vars(self.pipeline.stats)
+        else:
+            described["speak"] = vars(self.pipeline.stats)
+        return described
