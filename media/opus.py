@@ -105,6 +105,8 @@ class OpusDecoder:
     def _decode(self, payload: bytes | None, samples: int, fec: bool) -> np.ndarray:
         if self._state is None:
             raise OpusError("decoder is closed")
+        if samples > MAX_FRAME_SAMPLES:  # libopus would write past the end of self._pcm
+            raise OpusError(f"at most {MAX_FRAME_SAMPLES} samples per call, not {samples}")
         size = len(payload) if payload else 0
         frames = _lib().opus_decode_float(
             self._state, payload or None, size, self._pcm.ctypes.data, samples, int(fec)
@@ -165,6 +167,8 @@ class OpusEncoder:
 
     def _ctl(self, request: int, value: int) -> None:
         # opus_encoder_ctl is variadic, so ctypes cannot know the types: spell them out.
+        if self._state is None:
+            raise OpusError("encoder is closed")  # a NULL state would crash libopus
         state = ctypes.c_void_p(self._state)
         _check(_lib().opus_encoder_ctl(state, request, ctypes.c_int32(value)), str(request))
 

@@ -180,7 +180,8 @@ class AudioReceivePath:
         while self._pending:
             packet = self._pending.pop(self._next_seq, None)
             if packet is not None:
-                self._emit(self._decode(packet))
+                if packet.payload:  # a padding-only packet holds its place but no audio
+                    self._emit(self._decode(packet))
                 self._next_seq = (self._next_seq + 1) % SEQ_MOD
                 continue
             first_waiting = min(p.arrived for p in self._pending.values())

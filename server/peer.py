@@ -13,27 +13,23 @@ import asyncio
 import json
 import logging
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from media.filetracks import FrameRecorder, SamplesSourceTrack
 from media.frames import RTC_RATE
 from media.probe import ChirpInserter, marker_rtts, rtt_from_envelopes, summarize
-from media.receive import AudioReceivePath, install
 from media.wav import read_wav, write_wav
-from signaling.client import SignalingError, delete_session, post_offer, post_whip
-from signaling.ice import restrict_host_addresses, rtc_configuration
+from server.peercall import CONNECT_TIMEOUT_S, PeerCall
+from signaling.client import SignalingError
+from signaling.ice import restrict_host_addresses
 
 log = logging.getLogger(__name__)
 
 WAVEFORM_PRESERVING = ("echo",)
-CONNECT_TIMEOUT_S = 15.0
 SILENCE_LEVEL = 1e-4  # peak below this: nothing audible came back
 
 
@@ -50,6 +46,7 @@ class PeerOptions:
     rtt: str = "auto"
     tail: float = 1.0
     options: dict[str, Any] | None = None
+    codec: dict[str, Any] | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PeerOptions:
@@ -65,6 +62,7 @@ class PeerOptions:
             rtt=args.rtt,
             tail=args.tail,
             options=json.loads(args.options) if args.options else None,
+            codec={"application": args.opus_application} if args.opus_application else None,
         )
 
     @property
@@ -117,6 +115,11 @@ def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tail", type=float, default=1.0, help="seconds to record after input")
     parser.add_argument("--options", help="engine options as a JSON object")
+    parser.add_argument(
+        "--opus-application",
+        choices=("voip", "audio", "restricted_lowdelay"),
+        help="ask the server to encode with this Opus application",
+    )
 
 
 async def call(opts: PeerOptions) -> CallResult:
@@ -124,87 +127,58 @@ async def call(opts: PeerOptions) -> CallResult:
     restrict_host_addresses(opts.ice_hosts)
     audio = read_wav(opts.input, RTC_RATE)
     markers = ChirpInserter() if opts.rtt_method == "chirp" else None
-    source = SamplesSourceTrack(audio, shape=markers.process if markers else None)
-    recorder = FrameRecorder()
-    receive = AudioReceivePath(recorder)
-    pc = RTCPeerConnection(rtc_configuration([]))
-    connected = asyncio.Event()
-    install(pc.addTransceiver(source, direction="sendrecv").receiver, receive)
-    channel = pc.createDataChannel("control")
-
-    @pc.on("connectionstatechange")
-    def on_state() -> None:
-        if pc.connectionState == "connected":
-            connected.set()
-
+    peer = PeerCall(
+        opts.url,
+        audio,
+        engine=opts.engine,
+        options=opts.options,
+        codec=opts.codec,
+        whip=opts.whip,
+        shape=markers.process if markers else None,
+    )
     error: str | None = None
-    connect_ms: float | None = None
-    answer = None
     try:
-        await pc.setLocalDescription(await pc.createOffer())
-        started = time.monotonic()
-        async with aiohttp.ClientSession() as http:
-            offer_sdp = pc.localDescription.sdp
-            if opts.whip:
-                answer = await post_whip(http, opts.url, offer_sdp, opts.engine)
-            else:
-                answer = await post_offer(http, opts.url, offer_sdp, opts.engine, opts.options)
-            await pc.setRemoteDescription(RTCSessionDescription(answer.sdp, "answer"))
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                await connected.wait()
-            connect_ms = (time.monotonic() - started) * 1000
+        async with peer:
             if opts.say:
-                await _send_when_open(channel, {"type": "speak", "text": opts.say})
-            await source.finished.wait()
+                await peer.send({"type": "speak", "text": opts.say})
+            await peer.source.finished.wait()
             await asyncio.sleep(opts.tail)
-            await delete_session(http, answer)
+            await peer.end()
     except SignalingError as exc:
         error = str(exc)
     except TimeoutError:
         error = f"the call did not connect within {CONNECT_TIMEOUT_S:.0f} s"
     except aiohttp.ClientError as exc:
         error = f"could not reach {opts.url}: {exc}"
-    finally:
-        receive.close()
-        await pc.close()
 
-    received = recorder.audio()
+    received, sent = peer.received(), peer.sent()
     write_wav(opts.output, received, RTC_RATE)
-    if error is None and (recorder.frames == 0 or float(abs(received).max()) < SILENCE_LEVEL):
+    if error is None and (peer.recorder.frames == 0 or float(abs(received).max()) < SILENCE_LEVEL):
         error = "no audio came back"
-    sent = np.concatenate(source.sent) if source.sent else np.zeros(0, np.float32)
     if markers is not None:
-        rtts = marker_rtts(markers, source.timeline, received, recorder.timeline)
-    elif recorder.frames and len(sent):
-        rtts = rtt_from_envelopes(sent, source.timeline, received, recorder.timeline)
+        rtts = marker_rtts(markers, peer.source.timeline, received, peer.recorder.timeline)
+    elif peer.recorder.frames and len(sent):
+        rtts = rtt_from_envelopes(sent, peer.source.timeline, received, peer.recorder.timeline)
     else:
         rtts = []
     summary = summarize(rtts)
+    stats = peer.receive.stats
     report = PeerReport(
         ok=error is None,
         error=error,
-        session_id=answer.session_id if answer else None,
-        connect_ms=round(connect_ms, 1) if connect_ms is not None else None,
-        frames_sent=source.frames_sent,
-        frames_received=recorder.frames,
-        gaps=receive.stats.concealed + receive.stats.skipped,
-        concealed=receive.stats.concealed,
-        late_dropped=receive.stats.late_dropped,
+        session_id=peer.session_id,
+        connect_ms=round(peer.connect_ms, 1) if peer.connect_ms is not None else None,
+        frames_sent=peer.source.frames_sent,
+        frames_received=peer.recorder.frames,
+        gaps=stats.concealed + stats.skipped,
+        concealed=stats.concealed,
+        late_dropped=stats.late_dropped,
         rtt_method=opts.rtt_method,
         rtt_ms_p50=summary["rtt_ms_p50"],
         rtt_ms_p95=summary["rtt_ms_p95"],
         rtt_samples=int(summary["rtt_samples"] or 0),
     )
     return CallResult(report, sent, received)
-
-
-async def _send_when_open(channel: Any, message: dict[str, Any]) -> None:
-    if channel.readyState != "open":
-        opened = asyncio.Event()
-        channel.once("open", opened.set)
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            await opened.wait()
-    channel.send(json.dumps(message))
 
 
 async def run_peer(opts: PeerOptions) -> int:

@@ -49,6 +49,7 @@ async def post_offer(
     sdp: str,
     engine: str | None = None,
     options: dict[str, Any] | None = None,
+    codec: dict[str, Any] | None = None,
 ) -> Answer:
     """``POST {base}/offer`` with the JSON shape."""
     payload: dict[str, Any] = {"sdp": sdp, "type": "offer"}
@@ -56,6 +57,8 @@ async def post_offer(
         payload["engine"] = engine
     if options:
         payload["options"] = options
+    if codec:
+        payload["codec"] = codec
     async with http.post(urljoin(base_url, "offer"), json=payload) as response:
         await _raise_for_error(response)
         body = await response.json(content_type=None)

@@ -1,0 +1,153 @@
+"""One client-side call to a cosyrtc server: the connection the headless peer and tests use.
+
+``PeerCall`` streams audio to the server in real time, records what comes back through the
+same receive path as the server, and exchanges control messages on a data channel:
+
+    async with PeerCall(url, audio, engine="piper") as call:
+        await call.send({"type": "speak", "text": "Hello."})
+        await call.wait_for("speech_finished")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+
+from media.filetracks import FrameRecorder, SamplesSourceTrack
+from media.receive import AudioReceivePath, install
+from signaling.client import Answer, delete_session, post_offer, post_whip
+from signaling.ice import rtc_configuration
+
+CONNECT_TIMEOUT_S = 15.0
+
+
+class PeerCall:
+    """A connected call; use as ``async with``. Raises ``SignalingError`` when refused."""
+
+    def __init__(
+        self,
+        url: str,
+        audio: np.ndarray,
+        *,
+        engine: str | None = None,
+        options: dict[str, Any] | None = None,
+        codec: dict[str, Any] | None = None,
+        whip: bool = False,
+        shape: Callable[[np.ndarray], np.ndarray] | None = None,
+        data_channel: bool = True,
+    ) -> None:
+        self.url = url if url.endswith("/") else url + "/"
+        self.engine = engine
+        self.options = options
+        self.codec = codec
+        self.whip = whip
+        self.source = SamplesSourceTrack(audio, shape=shape)
+        self.recorder = FrameRecorder()
+        self.receive = AudioReceivePath(self.recorder)
+        self.pc = RTCPeerConnection(rtc_configuration([]))
+        self.events: list[dict[str, Any]] = []
+        self._event_arrived = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._http: aiohttp.ClientSession | None = None
+        self.answer: Answer | None = None
+        self.connect_ms: float | None = None
+        install(self.pc.addTransceiver(self.source, direction="sendrecv").receiver, self.receive)
+        self.channel = self.pc.createDataChannel("control") if data_channel else None
+        if self.channel is not None:
+            self.channel.on("message", self._on_message)
+        self.pc.on("connectionstatechange", self._on_state)
+
+    @property
+    def session_id(self) -> str | None:
+        return self.answer.session_id if self.answer else None
+
+    def _on_state(self) -> None:
+        if self.pc.connectionState == "connected":
+            self._connected.set()
+
+    def _on_message(self, raw: str | bytes) -> None:
+        try:
+            event = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return
+        if isinstance(event, dict):
+            event["received_at"] = time.monotonic()
+            self.events.append(event)
+            self._event_arrived.set()
+
+    async def __aenter__(self) -> PeerCall:
+        try:
+            await self.connect()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        started = time.monotonic()
+        self._http = aiohttp.ClientSession()
+        sdp = self.pc.localDescription.sdp
+        if self.whip:
+            self.answer = await post_whip(self._http, self.url, sdp, self.engine)
+        else:
+            self.answer = await post_offer(
+                self._http, self.url, sdp, self.engine, self.options, self.codec
+            )
+        await self.pc.setRemoteDescription(RTCSessionDescription(self.answer.sdp, "answer"))
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            await self._connected.wait()
+        self.connect_ms = (time.monotonic() - started) * 1000
+        if self.channel is not None and self.channel.readyState != "open":
+            opened = asyncio.Event()
+            self.channel.once("open", opened.set)
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                await opened.wait()
+
+    async def send(self, message: dict[str, Any] | str) -> float:
+        """Send a control message; returns the monotonic time it was handed to the channel."""
+        if self.channel is None:
+            raise RuntimeError("this call has no data channel")
+        self.channel.send(message if isinstance(message, str) else json.dumps(message))
+        return time.monotonic()
+
+    async def wait_for(self, kind: str, timeout: float = 10.0, **match: Any) -> dict[str, Any]:
+        """The first event of type ``kind`` (matching ``match``) received so far or next."""
+        async with asyncio.timeout(timeout):
+            while True:
+                for event in self.events:
+                    if event.get("type") == kind and all(
+                        event.get(k) == v for k, v in match.items()
+                    ):
+                        return event
+                self._event_arrived.clear()
+                await self._event_arrived.wait()
+
+    async def end(self) -> int | None:
+        """End the session on the server (DELETE); returns the HTTP status."""
+        if self.answer is None or self._http is None:
+            return None
+        return await delete_session(self._http, self.answer)
+
+    async def close(self) -> None:
+        self.receive.close()
+        await self.pc.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def received(self) -> np.ndarray:
+        return self.recorder.audio()
+
+    def sent(self) -> np.ndarray:
+        return np.concatenate(self.source.sent) if self.source.sent else np.zeros(0, np.float32)
