@@ -1,0 +1,182 @@
+"""Settings from flags and ``COSYRTC_*`` variables: precedence, coverage and error messages."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from server.cli import build_parser
+from server.config import SERVE_FLAGS, Settings, SettingsError, settings_from
+from signaling.ice import IceServer
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_defaults_without_flags_or_environment():
+    assert settings_from(serve_args(), {}) == Settings()
+
+
+def test_environment_is_read_and_unrelated_variables_ignored():
+    env = {"COSYRTC_MAX_SESSIONS": "3", "MAX_SESSIONS": "9", "COSYRTC_UNKNOWN": "x"}
+    assert settings_from(serve_args(), env).max_sessions == 3
+
+
+def test_empty_variable_means_unset():
+    assert settings_from(serve_args(), {"COSYRTC_PORT": ""}).port == Settings().port
+
+
+# One valid value per flag, as a string the way the environment holds it.
+ENV_VALUES = {
+    "COSYRTC_HOST": "127.0.0.2",
+    "COSYRTC_PORT": "9001",
+    "COSYRTC_ENGINE": "echo",
+    "COSYRTC_MAX_SESSIONS": "3",
+    "COSYRTC_ICE_HOST": "127.0.0.1, ::1",
+    "COSYRTC_ICE_SERVER": "stun:stun.example.net:3478,turn:alice:secret@turn.example.net:3478",
+    "COSYRTC_ENGINE_THREADS": "2",
+    "COSYRTC_ICE_TIMEOUT": "2.5",
+    "COSYRTC_MAX_BODY_BYTES": "4096",
+    "COSYRTC_LOG_LEVEL": "debug",
+}
+EXPECTED = Settings(
+    host="127.0.0.2",
+    port=9001,
+    engine="echo",
+    max_sessions=3,
+    ice_hosts=("127.0.0.1", "::1"),
+    ice_servers=(
+        IceServer("stun:stun.example.net:3478"),
+        IceServer("turn:turn.example.net:3478", "alice", "secret"),
+    ),
+    engine_threads=2,
+    ice_timeout=2.5,
+    max_body_bytes=4096,
+    log_level="debug",
+)
+
+
+def test_every_flag_has_a_variable(capsys: pytest.CaptureFixture[str]):
+    assert {flag.env for flag in SERVE_FLAGS} == set(ENV_VALUES)
+    for flag in SERVE_FLAGS:
+        assert flag.env == "COSYRTC_" + flag.name.replace("-", "_").upper()
+    with pytest.raises(SystemExit):
+        serve_args("--help")
+    help_text = " ".join(capsys.readouterr().out.split())
+    for flag in SERVE_FLAGS:
+        assert f"--{flag.name}" in help_text
+        assert flag.env in help_text
+
+
+def test_every_variable_sets_its_setting():
+    assert settings_from(serve_args(), ENV_VALUES) == EXPECTED
+
+
+def test_every_flag_sets_its_setting():
+    args = serve_args(
+        "--host=127.0.0.2",
+        "--port=9001",
+        "--engine=echo",
+        "--max-sessions=3",
+        "--ice-host=127.0.0.1",
+        "--ice-host=::1",
+        "--ice-server=stun:stun.example.net:3478",
+        "--ice-server=turn:alice:secret@turn.example.net:3478",
+        "--engine-threads=2",
+        "--ice-timeout=2.5",
+        "--max-body-bytes=4096",
+        "--log-level=debug",
+    )
+    assert settings_from(args, {}) == EXPECTED
+
+
+def test_flags_override_environment():
+    env = {
+        "COSYRTC_MAX_SESSIONS": "3",
+        "COSYRTC_PORT": "9001",
+        "COSYRTC_ICE_HOST": "::1, 127.0.0.2",
+        "COSYRTC_ENGINE": "denoise",
+    }
+    settings = settings_from(
+        serve_args("--max-sessions", "5", "--ice-host", "127.0.0.1", "--engine", "echo"), env
+    )
+    assert settings.max_sessions == 5
+    assert settings.ice_hosts == ("127.0.0.1",)  # the flag replaces the list, no merge
+    assert settings.engine == "echo"
+    assert settings.port == 9001  # no flag: the variable still applies
+
+
+def test_repeatable_ice_host_keeps_order():
+    args = serve_args("--ice-host", "::1", "--ice-host", "127.0.0.1", "--ice-host", "10.0.0.1")
+    assert settings_from(args, {}).ice_hosts == ("::1", "127.0.0.1", "10.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "value", ["127.0.0.1, ::1", "127.0.0.1,::1", "127.0.0.1 ::1", " 127.0.0.1 ,, ::1 "]
+)
+def test_ice_host_variable_separators(value: str):
+    settings = settings_from(serve_args(), {"COSYRTC_ICE_HOST": value})
+    assert settings.ice_hosts == ("127.0.0.1", "::1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--port", "http"], "--port"),
+        (["--port", "0"], "--port"),
+        (["--port", "65536"], "--port"),
+        (["--port", "-1"], "--port"),
+        (["--port", "80.5"], "--port"),
+        (["--max-sessions", "many"], "--max-sessions"),
+        (["--max-sessions", "2.5"], "--max-sessions"),
+        (["--max-sessions", "0"], "--max-sessions"),
+        (["--engine-threads", "x"], "--engine-threads"),
+        (["--engine-threads", "0"], "--engine-threads"),
+        (["--ice-timeout", "soon"], "--ice-timeout"),
+        (["--ice-timeout", "0"], "--ice-timeout"),
+        (["--ice-timeout", "-3"], "--ice-timeout"),
+        (["--ice-timeout", "nan"], "--ice-timeout"),
+        (["--ice-timeout", "inf"], "--ice-timeout"),
+        (["--max-body-bytes", "64k"], "--max-body-bytes"),
+        (["--max-body-bytes", "100"], "--max-body-bytes"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--ice-host", "localhost"], "--ice-host"),
+        (["--ice-host", "127.0.0.1", "--ice-host", "300.1.1.1"], "--ice-host"),
+        (["--ice-server", "stun.example.net:3478"], "--ice-server"),
+        (["--ice-server", "http://turn.example.net"], "--ice-server"),
+        (["--ice-server", "stun:"], "--ice-server"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_flag_value_names_the_flag(argv: list[str], flag: str):
+    with pytest.raises(SettingsError) as raised:
+        settings_from(serve_args(*argv), {})
+    message = str(raised.value)
+    assert message.startswith(flag + " ")
+    assert "COSYRTC_" + flag[2:].replace("-", "_").upper() in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "flag"),
+    [
+        ("COSYRTC_PORT", "http", "--port"),
+        ("COSYRTC_MAX_SESSIONS", "lots", "--max-sessions"),
+        ("COSYRTC_ICE_HOST", "127.0.0.1, nothost", "--ice-host"),
+        ("COSYRTC_ICE_SERVER", "stun:ok.example.net, ftp://x", "--ice-server"),
+    ],
+)
+def test_bad_variable_value_names_the_flag(variable: str, value: str, flag: str):
+    with pytest.raises(SettingsError) as raised:
+        settings_from(serve_args(), {variable: value})
+    assert flag in str(raised.value) and variable in str(raised.value)
+
+
+def test_valid_flag_overrides_bad_variable():
+    settings = settings_from(serve_args("--port", "9002"), {"COSYRTC_PORT": "not a port"})
+    assert settings.port == 9002
+
+
+def test_settings_error_is_a_value_error():
+    assert issubclass(SettingsError, ValueError)
