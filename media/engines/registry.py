@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 LOADERS: dict[str, str] = {
     "echo": "media.engines.echo:load",
     "denoise": "media.engines.deepfilter:load",
+    "piper": "media.engines.piper:load",
 }
 
 
