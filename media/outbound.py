@@ -18,7 +18,10 @@ from media.pacing import FramePacer
 from media.ringbuffer import RingBuffer
 from media.tracks import OutboundAudioTrack
 
-FADE_SAMPLES = FRAME_SAMPLES  # an interruption fades out over one frame: no click
+# An interruption fades out over the first half of the next frame: long enough not to click,
+# short enough that the track is silent 10 ms into that frame.
+FADE_SAMPLES = FRAME_SAMPLES // 2
+FADE_SECONDS = FADE_SAMPLES / RTC_RATE
 
 FrameObserver = Callable[[np.ndarray, bool], None]
 
@@ -42,15 +45,23 @@ class OutboundAudio:
             self.buffer.write(samples)
             self.pacer.notify()
 
+    def complete_frame(self) -> None:
+        """Pad with silence to a whole frame, so the end of a stream is sent, not held back.
+
+        The pacer only sends whole frames; a last partial frame would wait for audio that
+        never comes.
+        """
+        self.write(np.zeros((-self.buffer.available) % FRAME_SAMPLES, np.float32))
+
     @property
     def buffered_seconds(self) -> float:
         return self.buffer.available / RTC_RATE
 
     def fade_out(self) -> int:
-        """Keep one frame of what is queued, faded to zero, and drop the rest.
+        """Keep the next ``FADE_SAMPLES`` of what is queued, faded to zero; drop the rest.
 
-        Returns how many samples were dropped. Whatever frame goes out next ends in
-        silence instead of a cut, and the one after it is silence.
+        Returns how many samples were dropped. The next frame starts where the audio was
+        and reaches silence half-way through, instead of cutting off with a click.
         """
         head = self.buffer.read(FADE_SAMPLES)
         dropped = self.buffer.clear()

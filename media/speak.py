@@ -30,7 +30,7 @@ from media.aec import EchoCanceller
 from media.engines.base import SpeakEngine
 from media.frames import RTC_RATE
 from media.opus import OpusEncoder
-from media.outbound import OutboundAudio
+from media.outbound import FADE_SECONDS, OutboundAudio
 from media.queues import DropOldestQueue
 from media.receive import AudioReceivePath, ReceiveStats, install
 from media.resample import StreamResampler
@@ -47,6 +47,24 @@ OUTPUT_BUFFER_SECONDS = 120.0
 # in proportion to what is ahead, not to its length, and an interrupt discards little work.
 MAX_AHEAD_SECONDS = 20.0
 LISTEN_QUEUE_FRAMES = 25  # caller audio waiting for the echo canceller and VAD, at most
+# Barge-in decides on the echo-cancelled caller audio, with two guards measured on
+# simulated loudspeaker calls:
+# - residual echo: while the canceller converges (or re-converges after the echo path moves)
+#   some of our own voice leaks through, and the VAD hears speech at any level. Cleaned audio
+#   only counts when it is within ECHO_GATE_DB of our loudest recent output.
+# - double talk: AEC3's suppressor mutes the caller's first words while we speak (the caller
+#   fell from -25 dBFS to -95 dBFS after cancellation). A raw microphone signal within
+#   DOUBLE_TALK_DB of our loudest recent output is louder than any loudspeaker echo of it
+#   (a loudspeaker returns our voice 10 dB or more below what we sent), so the VAD hears the
+#   raw signal then (a Geigel double-talk detector).
+ECHO_GATE_DB = 15.0
+DOUBLE_TALK_DB = 12.0
+SILENT_DB = -120.0
+ECHO_GATE_WINDOW_FRAMES = 25  # 500 ms: the longest echo path the canceller handles
+
+
+def _level_db(samples: np.ndarray) -> float:
+    return float(10 * np.log10(np.mean(np.square(samples)) + 10 ** (SILENT_DB / 10)))
 
 
 @dataclass(eq=False)
@@ -134,9 +152,15 @@ class SpeakPipeline:
         self._vad_state = vad.new_state() if vad is not None else None
         self._detector = SpeechDetector()
         self._aec = EchoCanceller()
+        self._reference_levels: deque[float] = deque(maxlen=ECHO_GATE_WINDOW_FRAMES)
         self._receive: AudioReceivePath | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._clock = asyncio.get_running_loop().time
+        self._interrupted_at: float | None = None
+        # Interrupt to silence on the track, for the last interrupt: the time until the faded
+        # frame left plus the fade itself (or until plain silence left, if nothing was queued).
+        self.last_interrupt_ms: float | None = None
 
     @classmethod
     async def create(
@@ -269,11 +293,16 @@ class SpeakPipeline:
         """Drain the resampler at the end of an utterance so its last samples are played."""
         tail = self._to_output.process(np.zeros(0, np.float32), last=True)
         self.output.write(tail)
+        self.output.complete_frame()
         self._to_output.reset()
 
     # --- events follow the audio actually sent ------------------------------------------
 
     def _on_frame_sent(self, samples: np.ndarray, is_silence: bool) -> None:
+        if self._interrupted_at is not None:
+            fade = 0.0 if is_silence else FADE_SECONDS
+            self.last_interrupt_ms = 1000 * (self._clock() - self._interrupted_at + fade)
+            self._interrupted_at = None
         if not self._room.is_set() and self.output.buffered_seconds < MAX_AHEAD_SECONDS / 2:
             self._room.set()
         if self._vad is not None:
@@ -316,12 +345,14 @@ class SpeakPipeline:
         """
         self._cancel.set()
         self._room.set()  # wake a synthesis thread waiting for room, so it sees the cancel
+        self._interrupted_at = self._clock()
         sent = self.output.buffer.consumed
         self.output.fade_out()
         self._to_output.reset()
         cut = 0
         for utterance in self._playing:
-            self._finish(utterance, interrupted=True, position=sent - (utterance.start or sent))
+            start = utterance.start if utterance.start is not None else sent
+            self._finish(utterance, interrupted=True, position=sent - start)
             cut += 1
         self._playing.clear()
         current, self._current = self._current, None
@@ -383,12 +414,21 @@ class SpeakPipeline:
         for kind, samples in batch:
             if kind == "render":
                 self._aec.render(samples)
+                self._reference_levels.append(_level_db(samples))
                 continue
             cleaned = self._aec.capture(samples)
-            probabilities = self._vad.process(self._vad_state, cleaned)
+            loudest = self._loudest_reference()
+            double_talk = _level_db(samples) >= loudest - DOUBLE_TALK_DB
+            probabilities = self._vad.process(self._vad_state, samples if double_talk else cleaned)
+            if not double_talk and _level_db(cleaned) < loudest - ECHO_GATE_DB:
+                probabilities = [0.0] * len(probabilities)
             for event in self._detector.update(probabilities):
                 started |= event.kind is SpeechEventKind.START
         return started
+
+    def _loudest_reference(self) -> float:
+        """Our loudest output frame within the echo window (silence when we said nothing)."""
+        return max(self._reference_levels, default=SILENT_DB)
 
     # --- lifecycle -----------------------------------------------------------------------
 

@@ -121,11 +121,17 @@ class PeerCall:
         self.channel.send(message if isinstance(message, str) else json.dumps(message))
         return time.monotonic()
 
-    async def wait_for(self, kind: str, timeout: float = 10.0, **match: Any) -> dict[str, Any]:
-        """The first event of type ``kind`` (matching ``match``) received so far or next."""
+    async def wait_for(
+        self, kind: str, timeout: float = 10.0, since: int = 0, **match: Any
+    ) -> dict[str, Any]:
+        """The first event of type ``kind`` matching ``match``, among events ``since`` on.
+
+        ``since`` is an index into ``events`` (e.g. ``len(call.events)`` taken before a
+        request), so earlier events of the same type are not mistaken for the answer.
+        """
         async with asyncio.timeout(timeout):
             while True:
-                for event in self.events:
+                for event in self.events[since:]:
                     if event.get("type") == kind and all(
                         event.get(k) == v for k, v in match.items()
                     ):
