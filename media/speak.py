@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
@@ -46,6 +47,7 @@ OUTPUT_BUFFER_SECONDS = 120.0
 # Synthesis pauses once this much speech is waiting to be played: a long text costs memory
 # in proportion to what is ahead, not to its length, and an interrupt discards little work.
 MAX_AHEAD_SECONDS = 20.0
+RECENT = 200  # latency samples kept for stats
 LISTEN_QUEUE_FRAMES = 25  # caller audio waiting for the echo canceller and VAD, at most
 # Barge-in decides on the echo-cancelled caller audio, with two guards measured on
 # simulated loudspeaker calls:
@@ -76,6 +78,7 @@ class Utterance:
     sentences: deque[str] = field(default_factory=deque)
     closed: bool = False  # no more text will come
     more: asyncio.Event = field(default_factory=asyncio.Event)
+    queued_at: float = 0.0  # loop time the first text arrived
     start: int | None = None  # output stream position of the first sample
     end: int | None = None  # set once synthesis is complete
     started: bool = False
@@ -108,6 +111,25 @@ class SpeakStats:
     sentences: int = 0
     synthesis_errors: int = 0
     listen_dropped: int = 0
+    synthesis_seconds: float = 0.0  # engine time, excluding waits for room in the buffer
+    synthesised_seconds: float = 0.0  # audio produced
+    # Recent latencies: text arrived -> its first frame left; interrupt -> track silent.
+    first_audio_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    interrupt_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+
+    @property
+    def real_time_factor(self) -> float | None:
+        if not self.synthesised_seconds:
+            return None
+        return self.synthesis_seconds / self.synthesised_seconds
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **{k: v for k, v in vars(self).items() if not isinstance(v, deque)},
+            "real_time_factor": self.real_time_factor,
+            "first_audio_ms": list(self.first_audio_ms),
+            "interrupt_ms": list(self.interrupt_ms),
+        }
 
 
 class SpeakPipeline:
@@ -217,6 +239,7 @@ class SpeakPipeline:
         return utterance.id
 
     def _enqueue(self, utterance: Utterance) -> None:
+        utterance.queued_at = self._clock()
         self.stats.utterances += 1
         self._queue.append(utterance)
         self._queued.set()
@@ -270,9 +293,14 @@ class SpeakPipeline:
         self, loop: asyncio.AbstractEventLoop, utterance: Utterance, sentence: str
     ) -> None:
         """Runs in a worker thread: stream chunks to the loop, pausing when far ahead."""
-        for chunk in self.engine.synthesize(self._state, sentence, self._cancel):
-            if self._cancel.is_set():
+        chunks = self.engine.synthesize(self._state, sentence, self._cancel)
+        while True:
+            began = time.perf_counter()
+            chunk = next(chunks, None)
+            self.stats.synthesis_seconds += time.perf_counter() - began
+            if chunk is None or self._cancel.is_set():
                 return
+            self.stats.synthesised_seconds += len(chunk) / self.engine.sample_rate
             loop.call_soon_threadsafe(self._accept_chunk, utterance, chunk)
             while not self._room.wait(timeout=0.5):
                 if self._cancel.is_set():
@@ -302,6 +330,7 @@ class SpeakPipeline:
         if self._interrupted_at is not None:
             fade = 0.0 if is_silence else FADE_SECONDS
             self.last_interrupt_ms = 1000 * (self._clock() - self._interrupted_at + fade)
+            self.stats.interrupt_ms.append(round(self.last_interrupt_ms, 2))
             self._interrupted_at = None
         if not self._room.is_set() and self.output.buffered_seconds < MAX_AHEAD_SECONDS / 2:
             self._room.set()
@@ -318,6 +347,9 @@ class SpeakPipeline:
             if not utterance.started and (sent > utterance.start or silent):
                 utterance.started = True
                 self._emit({"type": "speech_started", "id": utterance.id})
+                if not silent:
+                    first_audio = 1000 * (self._clock() - utterance.queued_at)
+                    self.stats.first_audio_ms.append(round(first_audio, 2))
             if utterance.end is None or sent < utterance.end:
                 return
             self._playing.popleft()

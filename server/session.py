@@ -86,5 +86,5 @@ class Session:
         if isinstance(self.pipeline, TransformPipeline):
             described["pipeline"] = vars(self.pipeline.stats)
         else:
-            described["speak"] = vars(self.pipeline.stats)
+            described["speak"] = self.pipeline.stats.describe()
         return described
