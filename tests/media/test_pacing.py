@@ -1,0 +1,409 @@
+"""The slot schedule of outgoing frames, measured on the real event loop clock.
+
+Every frame has a slot ``anchor + index * 20 ms``. The anchor is taken while the first frame
+is handed out, so it is no earlier than that call and no earlier than that frame's write:
+the later of the two stands in for it (a few microseconds early, which only makes the
+checks below more lenient, never wrong). Two kinds of checks follow:
+
+* exact ones that load cannot break: a frame never leaves before its slot starts, silence
+  never before its slot ends, ``pts`` counts slots, no written frame is lost or reordered;
+* statistical ones with wide margins: about 20 ms per slot over a sequence, at most one
+  near-zero "burst" gap, median delays.
+
+A late event loop only ever makes frames later, so the exact checks hold on a busy machine,
+while a pacer that lets frames out early (a burst) fails them by whole slots. Intervals are
+noisier: one frame held up by the scheduler leaves a short gap to the next one, and a frame
+that arrives late in its slot legitimately goes out just before the next slot starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from media import pacing
+from media.frames import FRAME_SAMPLES, RTC_RATE
+from media.pacing import FRAME_SECONDS, FramePacer
+from media.ringbuffer import RingBuffer
+
+FRAME = FRAME_SAMPLES
+SLOT = FRAME_SECONDS
+# How much earlier than its slot start a frame may be seen: rounding only.
+SLOT_TOLERANCE = 0.0005
+# Consecutive frames closer than this are a burst; a correct pacer shows at most one such
+# gap in a sequence, after a frame that the scheduler or a late write held up.
+BURST_GAP = 0.005
+# A guard so that a pacer that never returns fails quickly instead of hanging the run.
+CALL_LIMIT = 1.0
+
+
+@dataclass
+class Taken:
+    """One frame as the consumer saw it."""
+
+    called: float  # when ``next_frame`` was called
+    time: float  # when it returned
+    pts: int
+    silence: bool
+    value: float  # the producer's frame number carried in the samples; nan for silence
+    skipped_slots: int  # the pacer's count right after this frame
+    available: int  # samples left in the buffer right after this frame
+
+
+class Producer:
+    """Writes numbered frames (every sample of frame ``k`` is ``k``) and notifies the pacer."""
+
+    def __init__(self, buffer: RingBuffer, pacer: FramePacer) -> None:
+        self.buffer = buffer
+        self.pacer = pacer
+        self.loop = asyncio.get_running_loop()
+        self.written: dict[int, float] = {}  # frame number -> time it was written
+        self._next = 0
+
+    def write(self, frames: int = 1) -> None:
+        for _ in range(frames):
+            self.buffer.write(np.full(FRAME, self._next, dtype=np.float32))
+            self.written[self._next] = self.loop.time()
+            self._next += 1
+        self.pacer.notify()
+
+    async def steady(self, slots: int, *, hole: range = range(0), frames_per_slot: int = 1) -> None:
+        """One write per slot on an absolute schedule (no drift), nothing in ``hole``.
+
+        The first write happens at once and the schedule counts from the moment it was
+        made, so the consumer anchors on a write that neither a timer nor the scheduler
+        made late.
+        """
+        start = self.loop.time()
+        for k in range(slots):
+            if k:
+                await sleep_until(start + k * SLOT)
+            if k not in hole:
+                self.write(frames_per_slot)
+            if not k:
+                start = self.loop.time()
+
+
+async def sleep_until(when: float) -> None:
+    """Sleep to an absolute loop time.
+
+    ``asyncio.sleep(when - now)`` would aim a little later than ``when`` by the time it
+    takes to make the call, which a busy machine can stretch to milliseconds.
+    """
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    handle = loop.call_at(when, wake)
+    try:
+        await woken
+    finally:
+        handle.cancel()
+
+
+@asynccontextmanager
+async def background(coro: Coroutine[Any, Any, None]) -> AsyncIterator[asyncio.Task[None]]:
+    """Run ``coro`` alongside the block; stop it after, and surface any error it raised."""
+    task = asyncio.create_task(coro)
+    try:
+        yield task
+    finally:
+        if task.done():
+            task.result()
+        else:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def take(pacer: FramePacer, buffer: RingBuffer) -> Taken:
+    called = asyncio.get_running_loop().time()
+    async with asyncio.timeout(CALL_LIMIT):
+        samples, silence = await pacer.next_frame()
+    now = asyncio.get_running_loop().time()
+    assert len(samples) == FRAME
+    if silence:
+        assert not samples.any()
+    else:
+        assert np.all(samples == samples[0]), "a frame mixes two written frames"
+    return Taken(
+        called=called,
+        time=now,
+        pts=pacer.pts,
+        silence=silence,
+        value=float("nan") if silence else float(samples[0]),
+        skipped_slots=pacer.skipped_slots,
+        available=buffer.available,
+    )
+
+
+async def take_n(pacer: FramePacer, buffer: RingBuffer, n: int) -> list[Taken]:
+    return [await take(pacer, buffer) for _ in range(n)]
+
+
+async def take_until_played(
+    pacer: FramePacer, buffer: RingBuffer, frames: int, limit: int = 100
+) -> list[Taken]:
+    """Take frames (silence included) until ``frames`` written frames have come out."""
+    taken: list[Taken] = []
+    while len(values(taken)) < frames:
+        assert len(taken) < limit, "the written audio never came out"
+        taken.append(await take(pacer, buffer))
+    return taken
+
+
+def intervals(taken: list[Taken]) -> np.ndarray:
+    return np.diff([t.time for t in taken])
+
+
+def values(taken: list[Taken]) -> list[float]:
+    return [t.value for t in taken if not t.silence]
+
+
+def lateness(taken: list[Taken], producer: Producer) -> np.ndarray:
+    """Seconds each frame left after the earliest moment it was allowed to.
+
+    That moment is its slot's start for audio and its slot's end for silence (a slot is
+    only known to be empty once it is over). ``taken`` must start with the frame that
+    anchored the schedule.
+    """
+    first = taken[0]
+    anchor = max(first.called, producer.written[int(first.value)])
+    slot_starts = anchor + np.array([(t.pts - first.pts) / FRAME * SLOT for t in taken])
+    earliest = slot_starts + np.array([SLOT if t.silence else 0.0 for t in taken])
+    return np.array([t.time for t in taken]) - earliest
+
+
+def assert_never_before_its_slot(taken: list[Taken], producer: Producer) -> None:
+    """Audio never leaves before its slot starts; silence never before its slot ends."""
+    late = lateness(taken, producer)
+    early = [(i, round(-1000 * x, 1)) for i, x in enumerate(late) if x < -SLOT_TOLERANCE]
+    assert not early, f"(frame, ms early): {early}"
+
+
+def assert_slot_pace(taken: list[Taken], tolerance: float = 0.002) -> None:
+    """Frames leave one slot apart on average, and never in a burst.
+
+    The average is the span over the slots it covers: one frame held up by the scheduler
+    moves it by its lateness over the count, where it would spoil two intervals of a median.
+    """
+    slots = (taken[-1].pts - taken[0].pts) / FRAME
+    per_slot = (taken[-1].time - taken[0].time) / slots
+    assert abs(per_slot - SLOT) <= tolerance, f"{1000 * per_slot:.1f} ms per slot"
+    gaps = intervals(taken)
+    short = np.flatnonzero(gaps < BURST_GAP)
+    assert len(short) <= 1, f"frames left within a few ms of each other: {1000 * gaps} ms"
+
+
+def assert_pts_counts_slots(taken: list[Taken], pacer: FramePacer) -> None:
+    """Each step of ``pts`` is one slot plus the slots skipped on the way, exactly."""
+    for before, after in itertools.pairwise(taken):
+        skipped = after.skipped_slots - before.skipped_slots
+        assert after.pts - before.pts == FRAME * (1 + skipped)
+    last = taken[-1]
+    assert last.pts == FRAME * (pacer.frames - 1 + pacer.skipped_slots)
+
+
+def make_pacer(seconds: float = 1.0, **kwargs: Any) -> tuple[RingBuffer, FramePacer]:
+    buffer = RingBuffer(round(seconds * RTC_RATE))
+    return buffer, FramePacer(buffer, **kwargs)
+
+
+async def test_a_steady_producer_gives_fifty_frames_a_second() -> None:
+    buffer, pacer = make_pacer()
+    producer = Producer(buffer, pacer)
+    loop = asyncio.get_running_loop()
+    async with background(producer.steady(60)):
+        taken = [await take(pacer, buffer)]
+        while loop.time() < taken[0].time + 1.0 - 1.5 * SLOT:
+            taken.append(await take(pacer, buffer))
+
+    assert 48 <= len(taken) <= 51
+    mean_ms = 1000 * (taken[-1].time - taken[0].time) / (len(taken) - 1)
+    assert mean_ms == pytest.approx(20.0, abs=1.0)
+    assert_pts_counts_slots(taken, pacer)
+    steps = np.diff([t.pts for t in taken])
+    assert np.all(steps > 0)
+    assert np.mean(steps == FRAME) >= 0.9, "slots were skipped on a steady stream"
+    assert pacer.underruns == 0
+    assert values(taken) == list(range(len(taken)))
+    assert_never_before_its_slot(taken, producer)
+
+
+async def test_the_first_frame_waits_for_audio_instead_of_sending_silence() -> None:
+    """Before the schedule is anchored there is no slot to fill: nothing goes out."""
+    buffer, pacer = make_pacer()
+    first = asyncio.create_task(take(pacer, buffer))
+    await asyncio.sleep(3 * SLOT)
+    assert not first.done()
+    Producer(buffer, pacer).write()
+    frame = await first
+    assert not frame.silence
+    assert frame.pts == 0
+    assert (pacer.frames, pacer.underruns, pacer.skipped_slots) == (1, 0, 0)
+
+
+async def test_pts_stays_monotonic_through_underruns_skipped_slots_and_a_restart() -> None:
+    buffer, pacer = make_pacer()
+    producer = Producer(buffer, pacer)
+    async with background(producer.steady(45, hole=range(8, 14))):
+        taken = await take_n(pacer, buffer, 5)
+        await asyncio.sleep(3.5 * SLOT)  # the consumer is late: slots pass unused
+        taken += await take_n(pacer, buffer, 15)
+        pacer.restart()
+        await asyncio.sleep(2.5 * SLOT)  # a new schedule anchors on the next frame
+        after_restart = await take_n(pacer, buffer, 5)
+
+    assert pacer.skipped_slots >= 2
+    assert pacer.underruns >= 1
+    everything = taken + after_restart
+    pts = [t.pts for t in everything]
+    assert all(b > a for a, b in itertools.pairwise(pts)), pts
+    assert all(p % FRAME == 0 for p in pts)
+    assert_pts_counts_slots(everything, pacer)
+    # A restart forgets the clock, not the count: the new schedule continues the old one.
+    assert after_restart[0].pts == taken[-1].pts + FRAME
+    assert_never_before_its_slot(taken, producer)
+    assert_never_before_its_slot(after_restart, producer)
+
+
+async def test_an_underrun_fills_its_slot_with_silence_at_the_slot_pace() -> None:
+    """A missing frame must neither stall the track nor make it spin out silence."""
+    buffer, pacer = make_pacer()
+    producer = Producer(buffer, pacer)
+    async with background(producer.steady(30, hole=range(10, 15))):  # 100 ms without audio
+        taken = await take_n(pacer, buffer, 28)
+
+    silent = [i for i, t in enumerate(taken) if t.silence]
+    assert pacer.underruns == len(silent) >= 3
+    assert 8 <= silent[0] <= 11
+    assert silent[:3] == [silent[0], silent[0] + 1, silent[0] + 2], "the gap is a silent run"
+    # Each silent frame is one slot (pts steps by 960) and leaves as its slot ends, not
+    # later: so silence too comes at 20 ms intervals.
+    assert_pts_counts_slots(taken, pacer)
+    assert np.median(lateness(taken, producer)[silent]) < 0.010
+    assert_never_before_its_slot(taken, producer)
+    assert_slot_pace(taken)
+    # Silence only fills the gap; every frame that was written is played, in order.
+    assert values(taken) == list(range(len(values(taken))))
+    assert pacer.frames == len(taken)
+
+
+async def test_audio_released_after_a_stall_leaves_at_the_slot_pace_not_in_a_burst() -> None:
+    """A jitter buffer or TTS that catches up must not send ten frames within a millisecond."""
+    buffer, pacer = make_pacer()
+    producer = Producer(buffer, pacer)
+
+    async def stall_then_burst() -> None:
+        await producer.steady(5)
+        await asyncio.sleep(10 * SLOT)  # 200 ms stall
+        producer.write(10)
+
+    async with background(stall_then_burst()):
+        taken = await take_until_played(pacer, buffer, 15)
+
+    assert pacer.underruns >= 5  # the stall itself was filled with silence
+    burst = [t for t in taken if not t.silence and t.value >= 5]
+    assert [t.value for t in burst] == list(range(5, 15))
+    assert_slot_pace(burst)
+    assert_never_before_its_slot(taken, producer)
+
+
+async def test_a_late_consumer_skips_the_missed_slots_instead_of_catching_up() -> None:
+    """After a 100 ms pause of the caller, the piled-up frames still leave one per slot."""
+    buffer, pacer = make_pacer()
+    producer = Producer(buffer, pacer)
+    async with background(producer.steady(30)):
+        before = await take_n(pacer, buffer, 5)
+        await asyncio.sleep(5 * SLOT)
+        after = await take_n(pacer, buffer, 10)
+
+    assert 4 <= pacer.skipped_slots <= 6
+    jump = after[0].pts - before[-1].pts
+    assert jump == FRAME * (1 + pacer.skipped_slots), "pts must jump over the missed slots"
+    assert_pts_counts_slots(before + after, pacer)
+    assert_slot_pace(after)
+    assert_never_before_its_slot(before + after, producer)
+    # Without a backlog bound, the missed slots become latency, not lost audio.
+    assert values(before + after) == list(range(15))
+    assert after[-1].available >= 3 * FRAME
+
+
+async def test_a_backlog_beyond_the_bound_is_dropped_oldest_first() -> None:
+    max_backlog = 3 * FRAME
+    buffer, pacer = make_pacer(max_backlog=max_backlog)
+    producer = Producer(buffer, pacer)
+    producer.write(20)
+    taken = await take_n(pacer, buffer, 3)
+
+    assert pacer.backlog_dropped == 17 * FRAME
+    assert values(taken) == [17, 18, 19]
+    assert [t.available for t in taken] == [2 * FRAME, FRAME, 0]
+    assert_never_before_its_slot(taken, producer)
+
+
+async def test_a_producer_faster_than_real_time_cannot_build_up_latency() -> None:
+    """Two frames per slot for 300 ms: the buffer stays within the bound at every frame."""
+    max_backlog = 3 * FRAME
+    buffer, pacer = make_pacer(max_backlog=max_backlog)
+    producer = Producer(buffer, pacer)
+    async with background(producer.steady(20, frames_per_slot=2)):
+        taken = await take_n(pacer, buffer, 15)
+
+    assert pacer.backlog_dropped > 0
+    assert pacer.backlog_dropped % FRAME == 0  # whole frames here, since writes are whole
+    assert all(t.available <= max_backlog - FRAME for t in taken)
+    assert values(taken) == sorted(values(taken))
+    assert_slot_pace(taken)
+    assert_never_before_its_slot(taken, producer)
+
+
+async def test_a_ready_frame_goes_out_at_once_on_a_steady_producer() -> None:
+    """Pacing must add no delay to a transform whose frames arrive on time."""
+    buffer, pacer = make_pacer()
+    producer = Producer(buffer, pacer)
+    async with background(producer.steady(40)):
+        taken = await take_n(pacer, buffer, 35)
+
+    delays_ms = [1000 * (t.time - producer.written[int(t.value)]) for t in taken]
+    assert np.median(delays_ms) < 2.0, delays_ms
+    assert pacer.underruns == 0
+
+
+async def test_slots_move_earlier_when_every_frame_had_to_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A schedule anchored 15 ms after the audio's own rhythm is pulled back into phase.
+
+    The consumer takes its first frame 15 ms after it was written, so every later frame is
+    ready about 15 ms before its slot. A phase window of 5 frames keeps the test short; the
+    first window holds the anchoring frame, which never waits, so the first correction
+    comes with the second. Each correction is the shortest wait of its window, so what is
+    left is about the timer jitter of the producer.
+    """
+    monkeypatch.setattr(pacing, "PHASE_WINDOW_FRAMES", 5)
+    buffer, pacer = make_pacer()
+    producer = Producer(buffer, pacer)
+    async with background(producer.steady(45)):
+        await asyncio.sleep(0)  # the producer writes its first frame
+        await sleep_until(producer.written[0] + 0.015)
+        taken = await take_n(pacer, buffer, 40)
+
+    delays_ms = np.array([1000 * (t.time - producer.written[int(t.value)]) for t in taken])
+    before, after = np.median(delays_ms[1:10]), np.median(delays_ms[-15:])
+    assert before > 10.0, "the late anchor should delay every frame at first"
+    assert pacer.phase_corrections >= 1
+    assert after < before / 2, delays_ms
+    assert pacer.underruns == 0
+    assert values(taken) == list(range(40))
