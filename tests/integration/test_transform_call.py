@@ -140,3 +140,33 @@ async def test_session_that_never_connects_is_closed_after_ice_timeout(registry,
                 break
             await asyncio.sleep(0.1)
         assert len(running.server.sessions) == 0
+
+
+async def test_peer_also_calls_a_stock_aiortc_examples_server(speech_wav: Path, tmp_path: Path):
+    """The headless peer measures a plain aiortc server too (no session id, no DELETE)."""
+    from aiohttp import web
+
+    from bench.stock_server import create_app
+
+    runner = web.AppRunner(create_app())
+    await runner.setup()
+    site = web.TCPSite(runner, LOOPBACK, 0)
+    await site.start()
+    try:
+        url = f"http://{LOOPBACK}:{runner.addresses[0][1]}/"
+        opts = PeerOptions(
+            url=url,
+            input=speech_wav,
+            output=tmp_path / "stock.wav",
+            engine=None,
+            ice_hosts=(LOOPBACK,),
+            rtt="chirp",
+        )
+        result = await call(opts)
+    finally:
+        await runner.cleanup()
+    assert result.report.ok, result.report.error
+    assert result.report.session_id is None
+    assert result.report.rtt_ms_p50 is not None
+    _, corr = align(result.sent, result.received, max_lag=RTC_RATE // 2)
+    assert corr >= 0.8
