@@ -56,7 +56,10 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 
 bench: install-test
+	$(PIP) install -q -e '.[bench]'
 	$(PY) -m bench.rtt
+	$(PY) -m bench.tts
+	$(PY) -m bench.capacity
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -10,8 +10,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +40,21 @@ def pinned(command: Sequence[str], core: int | None) -> list[str]:
     return ["taskset", "-c", str(core), *command]
 
 
+@dataclass(frozen=True)
+class ServerHandle:
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def server_process(
-    args: Sequence[str], core: int | None = 0, ready_timeout: float = 30.0
-) -> Iterator[str]:
-    """Run ``python -m server serve`` on a free loopback port; yield its base URL."""
-    port = free_port()
-    command = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--ice-host", "127.0.0.1", *args]
+def spawned_server(
+    command: Sequence[str],
+    port: int,
+    core: int | None = 0,
+    ready_path: str = "healthz",
+    ready_timeout: float = 60.0,
+) -> Iterator[ServerHandle]:
+    """Run a server command (pinned to ``core``) until it answers; stop it afterwards."""
     process = subprocess.Popen(
         pinned(command, core), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -56,13 +65,15 @@ def server_process(
             if process.poll() is not None:
                 raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
             try:
-                with urllib.request.urlopen(url + "healthz", timeout=1):
+                with urllib.request.urlopen(url + ready_path, timeout=1):
                     break
+            except urllib.error.HTTPError:
+                break  # it answers, even if not that path
             except OSError:
                 if time.monotonic() > deadline:
                     raise RuntimeError("server did not become ready") from None
                 time.sleep(0.2)
-        yield url
+        yield ServerHandle(url, process.pid)
     finally:
         process.terminate()
         try:
@@ -70,6 +81,27 @@ def server_process(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def server_process(args: Sequence[str], core: int | None = 0) -> Iterator[str]:
+    """Run ``python -m server serve`` on a free loopback port; yield its base URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--ice-host", "127.0.0.1", *args]
+    with spawned_server(command, port, core) as handle:
+        yield handle.url
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_rss_bytes(pid: int) -> int:
+    pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def speech_input(path: Path, seconds: float) -> Path:

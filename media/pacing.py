@@ -64,6 +64,7 @@ class FramePacer:
         self.backlog_dropped = 0  # samples
         self._window_frames = 0
         self._window_min_wait = float("inf")
+        self._window_min_left = 1 << 62
         self.phase_corrections = 0
 
     def notify(self) -> None:
@@ -109,7 +110,7 @@ class FramePacer:
             self.index += 1
             current = math.floor((self._clock() - self._anchor) / self._frame_seconds)
             if current > self.index:
-                self.skipped_slots += current - self.index
+                self._skip(current - self.index)
                 self.index = current
         slot_start = self._anchor + self.index * self._frame_seconds
         self.frames += 1
@@ -117,23 +118,46 @@ class FramePacer:
             self.underruns += 1
             return self._silence, True
         early = slot_start - self._clock()
-        self._track_phase(early)
         if early > 0:
             await asyncio.sleep(early)
         self._trim_backlog()
-        return self._source.read(self._frame_samples), False
+        frame = self._source.read(self._frame_samples)
+        self._track_phase(early, left=self._source.available)
+        return frame, False
 
-    def _track_phase(self, wait: float) -> None:
-        """Move the slots earlier when every frame of a window had to wait for its slot."""
+    def _skip(self, slots: int) -> None:
+        """Slots that passed while nobody asked for a frame: their time is gone.
+
+        With a backlog bound (transforms), the audio those slots would have carried is
+        dropped too, or every late call would leave one more frame of latency behind.
+        Speech keeps its audio; it just starts a slot later.
+        """
+        self.skipped_slots += slots
+        if self._max_backlog is not None:
+            late = min(slots * self._frame_samples, self._source.available - self._frame_samples)
+            if late > 0:
+                self.backlog_dropped += self._source.discard(late)
+
+    def _track_phase(self, wait: float, left: int) -> None:
+        """Once a window, remove latency the stream did not need in that window.
+
+        If every frame had to wait for its slot, the slots move earlier by the shortest
+        wait. With a backlog bound (transforms), audio that stayed queued behind every frame
+        of the window (a burst after a stall leaves such a standing backlog) is dropped.
+        """
         self._window_min_wait = min(self._window_min_wait, wait)
+        self._window_min_left = min(self._window_min_left, left)
         self._window_frames += 1
         if self._window_frames < PHASE_WINDOW_FRAMES:
             return
         if self._window_min_wait > PHASE_TOLERANCE_SECONDS and self._anchor is not None:
             self._anchor -= self._window_min_wait
             self.phase_corrections += 1
+        if self._max_backlog is not None and self._window_min_left > 0:
+            self.backlog_dropped += self._source.discard(self._window_min_left)
         self._window_frames = 0
         self._window_min_wait = float("inf")
+        self._window_min_left = 1 << 62
 
     def _trim_backlog(self) -> None:
         if self._max_backlog is None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from media.engines.base import TransformEngine
 from media.frames import FRAME_SAMPLES, RTC_RATE
+from media.latency import InToOutMeter
 from media.opus import OpusEncoder
 from media.outbound import OutboundAudio
 from media.queues import DropOldestQueue
@@ -35,7 +36,7 @@ INPUT_QUEUE_FRAMES = 8  # 160 ms of input waiting for the engine, at most
 OUTPUT_BUFFER_SECONDS = 2.0
 # A transform may hold at most this much audio beyond the frame being sent; more means the
 # input arrived in a burst after a stall, and playing it late is worse than dropping it.
-TRANSFORM_BACKLOG_FRAMES = 3
+TRANSFORM_BACKLOG_FRAMES = 2
 
 
 @dataclass
@@ -74,7 +75,10 @@ class TransformPipeline:
             encoder,
             capacity_seconds=OUTPUT_BUFFER_SECONDS,
             max_backlog=max(TRANSFORM_BACKLOG_FRAMES * FRAME_SAMPLES, hop_at_48k + FRAME_SAMPLES),
+            on_frame=self._on_frame_sent,
         )
+        self.latency = InToOutMeter()
+        self._clock = asyncio.get_running_loop().time
         self.track = self.output.track
         self.pacer = self.output.pacer
         self._receive: AudioReceivePath | None = None
@@ -110,7 +114,14 @@ class TransformPipeline:
     def feed(self, pcm: np.ndarray) -> None:
         """One decoded frame (48 kHz float32 mono) from the receive path."""
         self._frames_in += 1
-        self._input.put(self._to_engine.process(pcm))
+        self.latency.arrived(len(pcm), self._clock())
+        evicted = self._input.push(self._to_engine.process(pcm))
+        if evicted is not None:
+            self.latency.dropped(round(len(evicted) * RTC_RATE / self.engine.sample_rate))
+
+    def _on_frame_sent(self, samples: np.ndarray, is_silence: bool) -> None:
+        if not is_silence:
+            self.latency.departed(self.output.buffer.consumed, self._clock())
 
     @property
     def receive_stats(self) -> ReceiveStats:

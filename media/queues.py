@@ -33,12 +33,17 @@ class DropOldestQueue(Generic[T]):
 
     def put(self, item: T) -> bool:
         """Append ``item``; return False when the oldest item was dropped to make room."""
-        full = len(self._items) == self._items.maxlen
-        if full:
+        return self.push(item) is None
+
+    def push(self, item: T) -> T | None:
+        """Append ``item``; return the oldest item if it was dropped to make room."""
+        evicted = None
+        if len(self._items) == self._items.maxlen:
+            evicted = self._items.popleft()
             self.dropped += 1
         self._items.append(item)
         self._not_empty.set()
-        return not full
+        return evicted
 
     async def get(self) -> T:
         while not self._items:

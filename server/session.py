@@ -19,6 +19,8 @@ from signaling.errors import ApiError
 
 log = logging.getLogger(__name__)
 
+STATS_INTERVAL_SECONDS = 1.0
+
 
 @dataclass(eq=False)
 class Session:
@@ -29,6 +31,7 @@ class Session:
     events: EventHub
     channel: RTCDataChannel | None = None
     watchdog: asyncio.Task[None] | None = None
+    reporter: asyncio.Task[None] | None = None
     connected: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -73,6 +76,44 @@ class Session:
         except ControlError as exc:
             raise ApiError(400, exc.code, exc.message) from exc
 
+    def stats_event(self) -> dict[str, Any]:
+        """The ``stats`` event: what the page charts, about once a second."""
+        receive = self.pipeline.receive_stats
+        pacer = self.pipeline.track.pacer
+        event: dict[str, Any] = {
+            "type": "stats",
+            "engine_delay_ms": self.engine.delay_ms,
+            "frames_out": self.pipeline.track.frames_sent,
+            "underruns": pacer.underruns,
+            "packets_in": receive.packets,
+            "concealed": receive.concealed,
+            "late_dropped": receive.late_dropped,
+            "jitter_ms": receive.jitter_ms,
+        }
+        if isinstance(self.pipeline, TransformPipeline):
+            stats = self.pipeline.stats
+            event.update(
+                self.pipeline.latency.summary_ms(),
+                frames_in=stats.frames_in,
+                input_dropped=stats.input_dropped,
+                backlog_dropped_ms=stats.backlog_dropped_ms,
+                engine_errors=stats.engine_errors,
+            )
+        else:
+            first_audio = self.pipeline.stats.first_audio_ms
+            event.update(
+                in_to_out_ms=None,
+                frames_in=receive.frames,
+                first_audio_ms=first_audio[-1] if first_audio else None,
+            )
+        return event
+
+    async def report_stats(self) -> None:
+        """Publish ``stats`` once a second for as long as the session lives."""
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_SECONDS)
+            self.events.publish(self.stats_event())
+
     def describe(self) -> dict[str, Any]:
         stats = self.pipeline.receive_stats
         described: dict[str, Any] = {
@@ -82,6 +123,7 @@ class Session:
             "connection_state": self.pc.connectionState,
             "frames_out": self.pipeline.track.frames_sent,
             "receive": vars(stats),
+            "stats": self.stats_event(),
         }
         if isinstance(self.pipeline, TransformPipeline):
             described["pipeline"] = vars(self.pipeline.stats)

@@ -186,6 +186,7 @@ class SessionManager:
             raise ApiError(400, "sdp_rejected", f"The offer was rejected: {exc}") from exc
         self._sessions[session_id] = session
         session.watchdog = asyncio.create_task(self._await_connection(session))
+        session.reporter = asyncio.create_task(session.report_stats())
         log.info("session %s: opened with engine %s", session_id, engine.name)
         return OfferAnswer(pc.localDescription.sdp, session_id)
 
@@ -212,8 +213,9 @@ class SessionManager:
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise ApiError(404, "session_not_found", "No live session has that id.")
-        if session.watchdog is not None and session.watchdog is not asyncio.current_task():
-            session.watchdog.cancel()
+        for task in (session.watchdog, session.reporter):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         await session.pipeline.close()
         session.events.close()
         await session.pc.close()
