@@ -51,7 +51,7 @@ def server_command(kind: str, port: int, engine: str) -> list[str]:
     return [
         sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--ice-host", "127.0.0.1", "--engine", engine, "--max-sessions", "1000",
-        "--engine-threads", "1",
+        "--engine-threads", "1", "--workers", "1",
     ]  # fmt: skip
 
 

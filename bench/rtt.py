@@ -51,7 +51,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         wav = speech_input(Path(tmp) / "speech.wav", args.seconds)
-        with server_process(["--engine", "echo"]) as url:
+        with server_process(["--engine", "echo", "--workers", "1"]) as url:
             for engine in args.engines:
                 runs = []
                 for index in range(args.repeat):

@@ -79,7 +79,7 @@ def main() -> int:
     args = parser.parse_args()
     if (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})
-    with server_process(["--engine", "piper"]) as url:
+    with server_process(["--engine", "piper", "--workers", "1"]) as url:
         speak = asyncio.run(measure(url, args.sentences, args.interrupts))
     first = speak["first_audio_ms"][: args.sentences]
     rows = [

@@ -31,13 +31,15 @@ SERVER_KEY: web.AppKey[Server] = web.AppKey("server")
 class Server:
     """The process-wide parts, built once and closed once."""
 
-    def __init__(self, settings: Settings, registry: EngineRegistry) -> None:
+    def __init__(self, settings: Settings, registry: EngineRegistry, id_prefix: str = "") -> None:
         self.settings = settings
         self.registry = registry
         self.executor = ThreadPoolExecutor(
             max_workers=settings.engine_threads, thread_name_prefix="engine"
         )
-        self.sessions = SessionManager(settings, registry, self.executor, load_vad())
+        self.sessions = SessionManager(
+            settings, registry, self.executor, load_vad(), id_prefix=id_prefix
+        )
 
     async def close(self) -> None:
         await self.sessions.close_all()
@@ -53,23 +55,25 @@ def load_vad() -> SileroVad | None:
         return None
 
 
-async def _index(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(WEB_DIR / "index.html")
-
-
-def _file_handler(path: Path) -> Callable[[web.Request], Awaitable[web.FileResponse]]:
+def file_handler(path: Path) -> Callable[[web.Request], Awaitable[web.FileResponse]]:
     async def serve(request: web.Request) -> web.FileResponse:
         return web.FileResponse(path)
 
     return serve
 
 
-async def _healthz(request: web.Request) -> web.Response:
+async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def create_app(settings: Settings, registry: EngineRegistry) -> web.Application:
-    """Build the app around an already loaded registry (tests share one across apps)."""
+def create_app(
+    settings: Settings, registry: EngineRegistry, id_prefix: str = ""
+) -> web.Application:
+    """Build the app around an already loaded registry (tests share one across apps).
+
+    ``id_prefix`` starts every session id, so a front process can route a session's
+    requests to the worker that owns it.
+    """
     if settings.engine not in registry.names:
         raise ValueError(
             f"--engine {settings.engine!r} is not available "
@@ -77,18 +81,18 @@ def create_app(settings: Settings, registry: EngineRegistry) -> web.Application:
             f"unavailable: {registry.unavailable or 'none'})"
         )
     restrict_host_addresses(settings.ice_hosts)
-    server = Server(settings, registry)
+    server = Server(settings, registry, id_prefix)
     app = web.Application(middlewares=[json_errors], client_max_size=settings.max_body_bytes)
     app[SERVER_KEY] = server
     SignalingRoutes(server.sessions, settings.ice_servers, settings.max_body_bytes).register(app)
     SessionRoutes(server.sessions).register(app)
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/", _index)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/", file_handler(WEB_DIR / "index.html"))
     # One route per page file, not a static catch-all at "/": that would answer every unknown
     # path itself (an empty, non-JSON 404 for GET, 405 for other methods).
     for path in sorted(WEB_DIR.iterdir()):
         if path.is_file():
-            app.router.add_get(f"/{path.name}", _file_handler(path))
+            app.router.add_get(f"/{path.name}", file_handler(path))
 
     async def on_shutdown(app: web.Application) -> None:
         await server.close()

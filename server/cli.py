@@ -23,6 +23,15 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url = f"http://{shown_host}:{settings.port}/"
+    if settings.workers > 1:
+        from server.front import create_front_app
+
+        app = create_front_app(settings, args.passthrough)
+        print(f"cosyrtc is running: open {url} ({settings.workers} workers)", flush=True)
+        web.run_app(app, host=settings.host, port=settings.port, print=None)
+        return 0
     registry = EngineRegistry.load()
     from server.app import create_app
 
@@ -31,12 +40,21 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    url = f"http://{shown_host}:{settings.port}/"
     print(f"cosyrtc is running: open {url} (engines: {', '.join(registry.names)})", flush=True)
     web.run_app(app, host=settings.host, port=settings.port, print=None)
     registry.close()
     return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s worker{args.index} %(name)s: %(message)s",
+    )
+    from server.worker import run_worker
+
+    return run_worker(settings, args.index, args.socket)
 
 
 def _peer(args: argparse.Namespace) -> int:
@@ -56,9 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_peer_arguments(peer)
     peer.set_defaults(run=_peer)
+    worker = commands.add_parser("worker", help=argparse.SUPPRESS)
+    add_serve_arguments(worker)
+    worker.add_argument("--index", type=int, required=True)
+    worker.add_argument("--socket", required=True)
+    worker.set_defaults(run=_worker)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    # A front hands its own serve flags to the workers it starts.
+    args.passthrough = argv[argv.index("serve") + 1 :] if "serve" in argv else []
     return args.run(args)

@@ -36,6 +36,7 @@ class Settings:
     ice_timeout: float = 15.0
     max_body_bytes: int = 64 * 1024
     log_level: str = "info"
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ SERVE_FLAGS = (
     _Flag("ice-timeout", "seconds a new session may take to connect (default 15)", float),
     _Flag("max-body-bytes", "largest accepted request body (default 65536)", int),
     _Flag("log-level", "debug, info, warning or error (default info)"),
+    _Flag("workers", "worker processes, each with its own event loop (default: CPU count)", int),
 )
 
 
@@ -125,6 +127,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError(f"--port ({ENV_PREFIX}PORT) must be 1-65535, got {settings.port}")
     if settings.max_sessions < 1:
         raise SettingsError(f"--max-sessions ({ENV_PREFIX}MAX_SESSIONS) must be at least 1")
+    if settings.workers < 1:
+        raise SettingsError(f"--workers ({ENV_PREFIX}WORKERS) must be at least 1")
     if settings.engine_threads < 1:
         raise SettingsError(f"--engine-threads ({ENV_PREFIX}ENGINE_THREADS) must be at least 1")
     if not 0 < settings.ice_timeout < math.inf:  # also refuses nan

@@ -68,8 +68,9 @@ def prefer_opus(pc: RTCPeerConnection) -> None:
             transceiver.setCodecPreferences(opus)
 
 
-def new_session_id() -> str:
-    return secrets.token_urlsafe(SESSION_ID_BYTES)
+def new_session_id(prefix: str = "") -> str:
+    """An unguessable id; in a worker process it starts with the worker's routing prefix."""
+    return prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
 
 
 class SessionManager:
@@ -81,9 +82,11 @@ class SessionManager:
         registry: EngineRegistry,
         executor: Executor,
         vad: SileroVad | None = None,
+        id_prefix: str = "",
     ) -> None:
         self._settings = settings
         self._vad = vad
+        self._id_prefix = id_prefix
         self._registry = registry
         self._executor = executor
         self._sessions: dict[str, Session] = {}
@@ -147,7 +150,7 @@ class SessionManager:
     async def _open(
         self, request: OfferRequest, engine: Engine[Any], options: dict[str, Any]
     ) -> OfferAnswer:
-        session_id = new_session_id()
+        session_id = new_session_id(self._id_prefix)
         encoder = opus_encoder_for(request.summary.opus, request.codec)
         events = EventHub()
         pipeline: TransformPipeline | SpeakPipeline

@@ -1,0 +1,71 @@
+"""A worker process: one event loop, one aiortc stack, its own engines, behind a front.
+
+The front process (``server.front``) starts one worker per core and talks to each over a
+Unix socket with plain HTTP: the worker serves the whole API for the sessions it owns,
+plus ``GET /internal/load`` for placement. Media never passes through the front: each
+worker's peer connections send and receive RTP themselves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import time
+
+from aiohttp import web
+
+from media.engines.registry import EngineRegistry
+from server.app import SERVER_KEY, create_app
+from server.config import Settings
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def session_prefix(index: int) -> str:
+    """The routing prefix of worker ``index``'s session ids."""
+    return f"w{index}-"
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the front exits, so no worker outlives it."""
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        log.warning("cannot tie this worker's life to the front's on this platform")
+
+
+class LoadMeter:
+    """CPU this process used since the last reading, as a fraction of one core."""
+
+    def __init__(self) -> None:
+        self._cpu = time.process_time()
+        self._wall = time.monotonic()
+
+    def read(self) -> float:
+        cpu, wall = time.process_time(), time.monotonic()
+        fraction = (cpu - self._cpu) / max(wall - self._wall, 1e-6)
+        self._cpu, self._wall = cpu, wall
+        return round(fraction, 3)
+
+
+def run_worker(settings: Settings, index: int, socket_path: str) -> int:
+    _die_with_parent()
+    registry = EngineRegistry.load()
+    app = create_app(settings, registry, id_prefix=session_prefix(index))
+    meter = LoadMeter()
+
+    async def load(request: web.Request) -> web.Response:
+        sessions = app[SERVER_KEY].sessions
+        return web.json_response(
+            {"index": index, "pid": os.getpid(), "sessions": len(sessions), "cpu": meter.read()}
+        )
+
+    app.router.add_get("/internal/load", load)
+    # The front logs every request it forwards; the worker does not repeat them.
+    web.run_app(app, path=socket_path, print=None, handle_signals=True, access_log=None)
+    registry.close()
+    return 0

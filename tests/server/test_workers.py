@@ -1,0 +1,84 @@
+"""Several worker processes behind one front: placement, routing and admission."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from bench.common import free_port
+from server.peercall import PeerCall
+from signaling.ice import restrict_host_addresses
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def front() -> Iterator[str]:
+    """``serve --workers 2 --max-sessions 3`` as a real process tree; yields its URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2"]
+    command += ["--max-sessions", "3", "--engine", "echo", "--ice-host", "127.0.0.1"]
+    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "engines", timeout=2):
+                    break
+            except OSError:
+                assert process.poll() is None, "server exited"
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+async def test_sessions_spread_over_workers_and_excess_is_refused_at_once(front: str):
+    restrict_host_addresses(["127.0.0.1"])
+    silence = np.zeros(48_000 * 30, np.float32)
+    calls = [PeerCall(front, silence, engine="echo") for _ in range(3)]
+    try:
+        for call in calls:
+            await call.connect()
+            await asyncio.sleep(0.6)  # let the front read the workers' load once
+        prefixes = {call.session_id.split("-", 1)[0] for call in calls if call.session_id}
+        assert prefixes == {"w0", "w1"}
+
+        async with aiohttp.ClientSession() as http:
+            extra = PeerCall(front, silence, engine="echo")
+            await extra.pc.setLocalDescription(await extra.pc.createOffer())
+            payload = {"sdp": extra.pc.localDescription.sdp, "type": "offer"}
+            started = time.monotonic()
+            async with http.post(front + "offer", json=payload) as response:
+                refused_ms = (time.monotonic() - started) * 1000
+                assert response.status == 503
+                assert response.headers["Retry-After"]
+                assert (await response.json())["error"] == "at_capacity"
+            await extra.close()
+            assert refused_ms < 50
+
+            for call in calls:  # requests for a session reach the worker that owns it
+                async with http.get(f"{front}sessions/{call.session_id}") as response:
+                    assert response.status == 200
+                    assert (await response.json())["session_id"] == call.session_id
+                assert await call.end() == 200
+            async with http.get(f"{front}sessions/w9-unknown") as response:
+                assert response.status == 404
+    finally:
+        for call in calls:
+            await call.close()
