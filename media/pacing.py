@@ -101,6 +101,10 @@ class FramePacer:
 
     async def next_frame(self) -> tuple[np.ndarray, bool]:
         """Wait for the next slot; return its samples and whether they are filler silence."""
+        # A frame already queued when asked for waits behind a backlog, not for its audio:
+        # that wait says nothing about phase, and counting it would move the slots a slot
+        # earlier every window (one frame a window faster than real time).
+        queued = self._has_frame()
         if self._anchor is None:
             await self._wait_for_frame(deadline=None)
             first_index = self.index + 1
@@ -122,7 +126,7 @@ class FramePacer:
             await asyncio.sleep(early)
         self._trim_backlog()
         frame = self._source.read(self._frame_samples)
-        self._track_phase(early, left=self._source.available)
+        self._track_phase(0.0 if queued else early, left=self._source.available)
         return frame, False
 
     def _skip(self, slots: int) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 import pytest
 
 from media.queues import DropOldestQueue
 
+T = TypeVar("T")
 
-async def drain(queue: DropOldestQueue[int]) -> list[int]:
+
+async def drain(queue: DropOldestQueue[T]) -> list[T]:
     return [await queue.get() for _ in range(len(queue))]
 
 
@@ -35,6 +38,17 @@ async def test_put_on_a_full_queue_drops_the_oldest_and_counts() -> None:
     assert queue.dropped == 2
     assert len(queue) == queue.maxsize == 3
     assert await drain(queue) == [2, 3, 4]
+
+
+async def test_push_hands_back_the_item_it_pushed_out() -> None:
+    """The caller may need the evicted item (to account for it, or to release it)."""
+    queue: DropOldestQueue[str] = DropOldestQueue(2)
+    assert queue.push("a") is None
+    assert queue.push("b") is None
+    assert queue.push("c") == "a"
+    assert queue.push("d") == "b"
+    assert queue.dropped == 2
+    assert await drain(queue) == ["c", "d"]
 
 
 async def test_put_never_blocks_even_far_beyond_maxsize() -> None:

@@ -200,6 +200,41 @@ def test_clear_empties_the_buffer_and_reports_what_went() -> None:
     np.testing.assert_array_equal(buf.read(2), ramp(4, 2))
 
 
+def test_stream_positions_count_what_was_written_and_what_left() -> None:
+    buf = RingBuffer(4)
+    buf.write(ramp(0, 3))
+    buf.read(2)
+    buf.write(ramp(3, 4))  # one sample overwritten
+    assert (buf.written, buf.consumed) == (7, 3)
+    buf.discard(1)
+    buf.write(ramp(7, 9))  # larger than capacity: the three queued and five new ones go
+    assert (buf.written, buf.consumed) == (16, 12)
+    buf.clear()
+    assert (buf.written, buf.consumed) == (16, 16)
+
+
+def test_stream_positions_always_differ_by_what_is_available() -> None:
+    """Whatever the mix of operations, written - consumed is what is in the buffer."""
+    rng = np.random.default_rng(11)
+    buf = RingBuffer(64)
+    taken = 0
+    for _ in range(500):
+        op = rng.integers(4)
+        n = int(rng.integers(0, 100))
+        if op == 0:
+            buf.write(ramp(buf.written, n))
+        elif op == 1:
+            taken += len(buf.read(n))
+        elif op == 2:
+            taken += buf.discard(n)
+        else:
+            buf.peek(n)  # looks, takes nothing
+        assert buf.written - buf.consumed == buf.available
+        assert buf.consumed == taken + buf.dropped
+    # The stream position also tells which samples are queued: the newest ``available``.
+    np.testing.assert_array_equal(buf.peek(buf.available), ramp(buf.consumed, buf.available))
+
+
 def test_live_buffers_counts_buffers_until_they_are_collected() -> None:
     """A closed session must not keep its buffers alive: the count goes back down."""
     gc.collect()
