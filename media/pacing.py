@@ -28,6 +28,9 @@ from media.ringbuffer import RingBuffer
 FRAME_SECONDS = FRAME_MS / 1000
 # Frames per phase check: if all of them waited for their slot, the slots move earlier.
 PHASE_WINDOW_FRAMES = 50
+# A transform keeps up to this many frames standing behind the one being sent: a jitter
+# allowance, so bursty arrival does not cost a drop (a gap in the audio) every window.
+STANDING_BACKLOG_ALLOWANCE = 1
 # Waits shorter than this are timer noise, not a phase error worth correcting.
 PHASE_TOLERANCE_SECONDS = 0.001
 
@@ -114,7 +117,9 @@ class FramePacer:
             self.index += 1
             current = math.floor((self._clock() - self._anchor) / self._frame_seconds)
             if current > self.index:
-                self._skip(current - self.index)
+                # Slots that passed while nobody asked: their time is gone, not their audio.
+                # A transform's backlog bound still caps what that leaves queued.
+                self.skipped_slots += current - self.index
                 self.index = current
         slot_start = self._anchor + self.index * self._frame_seconds
         self.frames += 1
@@ -129,25 +134,13 @@ class FramePacer:
         self._track_phase(0.0 if queued else early, left=self._source.available)
         return frame, False
 
-    def _skip(self, slots: int) -> None:
-        """Slots that passed while nobody asked for a frame: their time is gone.
-
-        With a backlog bound (transforms), the audio those slots would have carried is
-        dropped too, or every late call would leave one more frame of latency behind.
-        Speech keeps its audio; it just starts a slot later.
-        """
-        self.skipped_slots += slots
-        if self._max_backlog is not None:
-            late = min(slots * self._frame_samples, self._source.available - self._frame_samples)
-            if late > 0:
-                self.backlog_dropped += self._source.discard(late)
-
     def _track_phase(self, wait: float, left: int) -> None:
         """Once a window, remove latency the stream did not need in that window.
 
         If every frame had to wait for its slot, the slots move earlier by the shortest
         wait. With a backlog bound (transforms), audio that stayed queued behind every frame
-        of the window (a burst after a stall leaves such a standing backlog) is dropped.
+        of the window (a burst after a stall leaves such a standing backlog) is dropped,
+        beyond a one-frame jitter allowance.
         """
         self._window_min_wait = min(self._window_min_wait, wait)
         self._window_min_left = min(self._window_min_left, left)
@@ -157,8 +150,9 @@ class FramePacer:
         if self._window_min_wait > PHASE_TOLERANCE_SECONDS and self._anchor is not None:
             self._anchor -= self._window_min_wait
             self.phase_corrections += 1
-        if self._max_backlog is not None and self._window_min_left > 0:
-            self.backlog_dropped += self._source.discard(self._window_min_left)
+        standing = self._window_min_left - STANDING_BACKLOG_ALLOWANCE * self._frame_samples
+        if self._max_backlog is not None and standing > 0:
+            self.backlog_dropped += self._source.discard(standing)
         self._window_frames = 0
         self._window_min_wait = float("inf")
         self._window_min_left = 1 << 62

@@ -34,6 +34,38 @@ async def make_call(
     return result
 
 
+SEGMENT = RTC_RATE  # realign every second
+SEARCH = RTC_RATE // 4
+
+
+def align_segments(
+    reference: np.ndarray, received: np.ndarray
+) -> tuple[np.ndarray, list[tuple[int, float]]]:
+    """``received`` cut to line up with ``reference`` one second at a time.
+
+    A call may drop a frame under load (the server keeps latency bounded rather than play
+    late audio), which shifts everything after it; aligning the whole signal at once would
+    then measure the drop, not what the engine did to the audio. Each segment is aligned on
+    its own, near the previous segment's lag. Returns the aligned signal (zeros where
+    nothing lines up) and each segment's (lag, correlation); silent segments keep the lag.
+    """
+    global_lag, _ = align(reference, received, max_lag=RTC_RATE // 2)
+    aligned = np.zeros_like(reference)
+    lag, found = global_lag, []
+    for start in range(0, len(reference) - SEGMENT + 1, SEGMENT):
+        piece = reference[start : start + SEGMENT]
+        lo = max(0, start + lag - SEARCH)
+        window = received[lo : start + lag + SEGMENT + SEARCH]
+        if np.sqrt(np.mean(piece**2)) > 1e-3 and len(window) > SEGMENT:
+            shift, corr = align(piece, window, max_lag=len(window), min_overlap=SEGMENT)
+            lag = lo + shift - start
+            found.append((lag, corr))
+        begin = start + lag
+        if begin >= 0 and begin + SEGMENT <= len(received):
+            aligned[start : start + SEGMENT] = received[begin : begin + SEGMENT]
+    return aligned, found
+
+
 def frame_levels_db(samples: np.ndarray) -> np.ndarray:
     frames = len(samples) // FRAME_SAMPLES
     power = np.mean(samples[: frames * FRAME_SAMPLES].reshape(frames, FRAME_SAMPLES) ** 2, axis=1)
@@ -42,8 +74,11 @@ def frame_levels_db(samples: np.ndarray) -> np.ndarray:
 
 async def test_echo_returns_what_was_sent(server: RunningServer, speech_wav: Path, tmp_path: Path):
     result = await make_call(server, speech_wav, tmp_path, "echo")
-    lag, corr = align(result.sent, result.received, max_lag=RTC_RATE // 2)
-    assert corr >= 0.9, f"normalised correlation {corr:.3f} at lag {lag}"
+    _, segments = align_segments(result.sent, result.received)
+    correlations = [corr for _, corr in segments]
+    assert np.median(correlations) >= 0.9, f"normalised correlation per second: {segments}"
+    assert np.mean(np.array(correlations) >= 0.9) >= 0.8, segments
+    assert len({lag for lag, _ in segments}) <= 3, f"audio was dropped repeatedly: {segments}"
     assert result.report.gaps == 0
     assert result.report.frames_received >= 0.9 * result.report.frames_sent
     assert result.report.rtt_ms_p50 is not None and result.report.rtt_ms_p50 < 400
@@ -54,10 +89,9 @@ async def test_denoise_removes_noise_in_pauses_and_keeps_speech(
 ):
     """Speech plus white noise at 5 dB SNR: pauses lose >= 20 dB, speech stays within 6 dB."""
     result = await make_call(server, noisy_speech_wav, tmp_path, "denoise")
-    lag, corr = align(speech.clean, result.received, max_lag=RTC_RATE // 2)
-    assert corr > 0.5, f"denoised output does not resemble the speech (corr {corr:.2f})"
-    assert lag >= 0
-    out = result.received[lag : lag + len(speech.clean)]
+    out, segments = align_segments(speech.clean, result.received)
+    corr = float(np.median([c for _, c in segments]))
+    assert corr > 0.5, f"denoised output does not resemble the speech: {segments}"
     n = len(out) // FRAME_SAMPLES
     clean_db = frame_levels_db(speech.clean[: n * FRAME_SAMPLES])
     noisy_db = frame_levels_db(result.sent[: n * FRAME_SAMPLES])

@@ -414,11 +414,15 @@ async def test_a_late_consumer_skips_the_missed_slots_instead_of_catching_up() -
     assert after[-1].available >= 3 * FRAME
 
 
-async def test_with_a_backlog_bound_a_late_consumer_drops_the_audio_of_missed_slots() -> None:
-    """A transform must not carry a caller's pause as latency: the missed slots' audio goes."""
+async def test_a_late_consumer_keeps_the_audio_of_missed_slots_within_the_bound() -> None:
+    """A busy loop skips slots, not audio: dropping a frame per late call cut audible holes.
+
+    The backlog that the lateness leaves is capped by ``max_backlog`` (and a standing one is
+    drained once a window), so latency stays bounded without a gap for every hiccup.
+    """
 
     async def scenario() -> tuple[Producer, list[Taken], list[Taken]]:
-        producer = make_producer(max_backlog=8 * FRAME)
+        producer = make_producer(max_backlog=3 * FRAME)
         pacer, buffer = producer.pacer, producer.buffer
         async with background(producer.steady(40)):
             before = await take_n(pacer, buffer, 5)
@@ -429,11 +433,9 @@ async def test_with_a_backlog_bound_a_late_consumer_drops_the_audio_of_missed_sl
     producer, before, after = await on_a_quiet_loop(scenario)
     skipped = after[0].skipped_slots - before[-1].skipped_slots
     assert 4 <= skipped <= 6
-    # The stream goes on with the audio of the slot it is in, as if nothing had been late.
-    assert after[0].value == before[-1].value + 1 + skipped
-    assert producer.pacer.backlog_dropped == skipped * FRAME
-    assert values(after) == list(range(int(after[0].value), int(after[0].value) + 10))
-    assert all(t.available <= FRAME for t in after)
+    assert all(t.available <= 3 * FRAME for t in after)
+    played = values(before + after)
+    assert played == sorted(played), "audio stays in order"
     assert_slot_pace(after)
     assert_never_before_its_slot(before + after, producer)
 
@@ -441,9 +443,10 @@ async def test_with_a_backlog_bound_a_late_consumer_drops_the_audio_of_missed_sl
 async def test_with_a_backlog_bound_a_standing_backlog_is_dropped_once_a_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """One extra frame queued behind every frame of a window is latency nobody needs.
+    """Two extra frames queued behind every frame of a window are latency nobody needs.
 
-    It is dropped, and only that: the slots stay where they are. Moving them as well (every
+    One is a jitter allowance and stays; the other is dropped, and only that: the slots stay
+    where they are. Moving them as well (every
     frame of that window waited behind the backlog) would put each frame at the very end
     of its slot, where the least jitter turns it into silence.
     """
@@ -455,7 +458,8 @@ async def test_with_a_backlog_bound_a_standing_backlog_is_dropped_once_a_window(
         async def one_extra_frame() -> None:
             await asyncio.sleep(0)  # the steady producer writes its first frame
             await sleep_until(producer.written[0] + 6.5 * SLOT)
-            producer.write()  # from here on, one frame waits behind every frame taken
+            producer.write()  # from here on, two frames wait behind every frame taken
+            producer.write()
 
         async with background(producer.steady(50)), background(one_extra_frame()):
             taken = await take_n(producer.pacer, producer.buffer, 30)
@@ -466,13 +470,13 @@ async def test_with_a_backlog_bound_a_standing_backlog_is_dropped_once_a_window(
     assert pacer.backlog_dropped == FRAME
     assert pacer.phase_corrections == 0
     assert pacer.underruns == 0
-    # Frames 7 to 13 each leave one behind; the window of frames 10 to 14 drops it.
-    assert [t.available for t in taken[7:16]] == [FRAME] * 7 + [0, 0]
+    # Frames 7 to 13 each leave two behind; the window of frames 10 to 14 drops one of them.
+    assert [t.available for t in taken[7:16]] == [2 * FRAME] * 7 + [FRAME, FRAME]
     played = values(taken)
     assert len(set(range(int(played[-1]) + 1)) - set(played)) == 1, "exactly one frame dropped"
     delays_ms = np.array([1000 * (t.time - producer.written[int(t.value)]) for t in taken])
-    assert np.median(delays_ms[8:14]) > 10.0, "the extra frame should delay the stream"
-    assert np.median(delays_ms[-10:]) < 2.0, delays_ms
+    assert np.median(delays_ms[8:14]) > 30.0, "the extra frames should delay the stream"
+    assert 10.0 < np.median(delays_ms[-10:]) < 30.0, delays_ms  # the allowance: one frame
     assert_never_before_its_slot(taken, producer)
 
 
