@@ -9,14 +9,14 @@ PIP := $(VENV)/bin/pip
 ARGS ?=
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
-DEBIAN_TEST_PACKAGES := espeak-ng
+DEBIAN_TEST_PACKAGES := espeak-ng chromium
 
-.PHONY: run test install install-test system-test-deps lint bench clean
+.PHONY: run test install install-test system-test-deps lint bench clean cosyvoice
 
 run: install
 	$(PY) -m server serve $(ARGS)
 
-test: install-test system-test-deps
+test: install-test system-test-deps cosyvoice
 	$(PY) -m pytest -q
 
 install: $(STAMP)
@@ -37,7 +37,22 @@ $(TEST_STAMP): $(STAMP) pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-# Debian packages the tests use (speech fixtures). Installed when missing and running as
+# CosyVoice2 engines (optional for `make run`, part of `make test`): torch from its pinned CPU
+# wheel, the upstream neural modules without their metadata's dependencies (onnxruntime-gpu,
+# torchaudio, modelscope, openai-whisper: none is used), then our pinned requirements.
+COSYVOICE_STAMP := $(VENV)/.installed-cosyvoice
+TORCH_VERSION := 2.13.0
+COSYVOICE_MODULES := cosyvoice-minicpmo==0.1.0
+
+cosyvoice: $(COSYVOICE_STAMP)
+
+$(COSYVOICE_STAMP): $(STAMP) requirements/cosyvoice.txt
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q -r requirements/cosyvoice.txt
+	$(PIP) install -q --no-deps $(COSYVOICE_MODULES)
+	touch $@
+
+# Debian packages the tests use (speech fixtures, the browser tests). Installed when missing and running as
 # root; otherwise the command to run is printed and the step fails.
 system-test-deps:
 	@missing=""; for pkg in $(DEBIAN_TEST_PACKAGES); do \

@@ -89,6 +89,11 @@ class TransformPipeline:
         self._inflight: Future[tuple[np.ndarray, Any]] | None = None
         self._closed = False
 
+    @property
+    def state(self) -> Any:
+        """The engine's state for this session, for engine-specific calls (a voice prompt)."""
+        return self._state
+
     @classmethod
     async def create(
         cls,

@@ -184,6 +184,11 @@ class SpeakPipeline:
         # frame left plus the fade itself (or until plain silence left, if nothing was queued).
         self.last_interrupt_ms: float | None = None
 
+    @property
+    def state(self) -> Any:
+        """The engine's state for this session, for engine-specific calls (a voice prompt)."""
+        return self._state
+
     @classmethod
     async def create(
         cls,

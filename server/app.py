@@ -15,6 +15,7 @@ from aiohttp import web
 
 from media.engines.registry import EngineRegistry
 from media.vad import SileroVad, VadUnavailable
+from server import prompt_routes
 from server.config import Settings
 from server.session_routes import SessionRoutes
 from server.sessions import SessionManager
@@ -86,6 +87,7 @@ def create_app(
     app[SERVER_KEY] = server
     SignalingRoutes(server.sessions, settings.ice_servers, settings.max_body_bytes).register(app)
     SessionRoutes(server.sessions).register(app)
+    prompt_routes.register(app, server.sessions)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/", file_handler(WEB_DIR / "index.html"))
     # One route per page file, not a static catch-all at "/": that would answer every unknown

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from media.engines.registry import EngineRegistry
-from server.config import SettingsError, add_serve_arguments, settings_from
+from server.config import Settings, SettingsError, add_serve_arguments, settings_from
+
+
+def load_engines(settings: Settings) -> EngineRegistry:
+    """Every engine this installation can run, with optional ones pointed at their files."""
+    from media.engines.cosyvoice.loader import configure
+
+    configure(model_dir=settings.cosyvoice_model, src_path=settings.cosyvoice_src)
+    return EngineRegistry.load()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -32,7 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"cosyrtc is running: open {url} ({settings.workers} workers)", flush=True)
         web.run_app(app, host=settings.host, port=settings.port, print=None)
         return 0
-    registry = EngineRegistry.load()
+    registry = load_engines(settings)
     from server.app import create_app
 
     try:

@@ -37,6 +37,8 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     log_level: str = "info"
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cosyvoice_model: str | None = None
+    cosyvoice_src: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ SERVE_FLAGS = (
     _Flag("max-body-bytes", "largest accepted request body (default 65536)", int),
     _Flag("log-level", "debug, info, warning or error (default info)"),
     _Flag("workers", "worker processes, each with its own event loop (default: CPU count)", int),
+    _Flag("cosyvoice-model", "CosyVoice2 model directory (enables cosyvoice, cosyvoice-vc)"),
+    _Flag("cosyvoice-src", "upstream CosyVoice checkout to import instead of the package"),
 )
 
 

@@ -16,8 +16,8 @@ import time
 
 from aiohttp import web
 
-from media.engines.registry import EngineRegistry
 from server.app import SERVER_KEY, create_app
+from server.cli import load_engines
 from server.config import Settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class LoadMeter:
 
 def run_worker(settings: Settings, index: int, socket_path: str) -> int:
     _die_with_parent()
-    registry = EngineRegistry.load()
+    registry = load_engines(settings)
     app = create_app(settings, registry, id_prefix=session_prefix(index))
     meter = LoadMeter()
 

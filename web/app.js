@@ -1,21 +1,15 @@
-// cosyrtc browser client: sends the microphone to the server over WebRTC, with the engine and
-// options chosen in the form, and plays back the audio the engine returns.
+// cosyrtc browser client: the page's controls wired to a call (call.js), its level meters
+// (meters.js), the Live panel (live.js, fed by stats.js) and the event log (log.js).
 
-// Browser noise suppression stays off so that what you hear is the server's denoiser.
-const MIC_CONSTRAINTS = {
-  audio: { echoCancellation: true, noiseSuppression: false, autoGainControl: false },
-};
-// The server does not take trickled candidates, so the offer waits for gathering to finish.
-// Some browsers never report "complete" on odd networks; after this long, send what we have.
-const ICE_GATHERING_TIMEOUT_MS = 5000;
-const LOG_LIMIT = 200;
-// What to tell the user for each getUserMedia failure they can do something about.
-const MIC_ERRORS = {
-  NotAllowedError:
-    "Microphone access was denied. Allow it in the browser's site settings and press Start again.",
-  NotFoundError: "No microphone was found. Connect one and press Start again.",
-  NotReadableError: "The microphone could not be started. Another application may be using it.",
-};
+import { Call } from "./call.js";
+import { el } from "./dom.js";
+import { LivePanel } from "./live.js";
+import { EventLog } from "./log.js";
+import { animateMeters, LevelMeter } from "./meters.js";
+import { optionFields, readOptions } from "./options.js";
+import { BrowserStats } from "./stats.js";
+
+const STATS_INTERVAL_MS = 1000;
 
 // Every element with an id, keyed by its camelCased id ("session-id" -> ui.sessionId).
 const ui = {};
@@ -23,44 +17,58 @@ for (const node of document.querySelectorAll("[id]")) {
   ui[node.id.replace(/-(\w)/g, (_, letter) => letter.toUpperCase())] = node;
 }
 
+const log = new EventLog(ui.log);
+const meters = {
+  input: new LevelMeter(ui.meterIn, ui.meterInValue),
+  output: new LevelMeter(ui.meterOut, ui.meterOutValue),
+};
+const livePanel = new LivePanel(ui);
+
 let engines = [];
-// The call in progress, or null. Every Start makes a new object, so the async steps of a call
-// that was stopped meanwhile can tell they are stale and undo only their own work.
+// The call in progress, or null. Each Start makes a new one; a stopped one calls nothing back.
 let call = null;
+// Made on the first Start: browsers only let audio start from a click or a key press.
+let audioContext = null;
+let statsTimer = 0;
+let connectionState = "idle";
+let channelOpen = false;
 
-// ---- page helpers --------------------------------------------------------------------------
-
-// document.createElement with properties assigned and children appended.
-function el(tag, props = {}, ...children) {
-  const node = Object.assign(document.createElement(tag), props);
-  node.append(...children);
-  return node;
-}
+// ---- page state ----------------------------------------------------------------------------
 
 function setMessage(text, isError = false) {
   ui.message.textContent = text;
   ui.status.dataset.tone = isError ? "error" : "info";
 }
 
-function log(text) {
-  const time = el("time", { textContent: new Date().toLocaleTimeString() });
-  ui.log.append(el("li", {}, time, " ", text));
-  while (ui.log.childElementCount > LOG_LIMIT) ui.log.firstElementChild.remove();
-  ui.log.scrollTop = ui.log.scrollHeight;
+function setBadge(badge, state, text = state) {
+  badge.dataset.state = state;
+  badge.textContent = text;
+}
+
+function showSession(id) {
+  ui.sessionId.textContent = id ?? "";
+  ui.session.hidden = id === null;
+}
+
+function selectedEngine() {
+  return engines.find((e) => e.name === ui.engine.value);
 }
 
 function updateControls() {
   const busy = call !== null;
+  const canSpeak = busy && channelOpen && call.request.kind === "speak";
   const focused = document.activeElement;
   ui.start.disabled = busy || engines.length === 0;
   ui.stop.disabled = !busy;
   // Options only apply when a call starts, so they are locked while one runs.
   ui.settings.disabled = busy;
+  ui.say.disabled = !canSpeak;
+  ui.interrupt.disabled = !canSpeak;
   // Keep keyboard focus on a usable button instead of losing it to the page.
   if (focused instanceof HTMLButtonElement && focused.disabled) (busy ? ui.stop : ui.start).focus();
 }
 
-// ---- engines and their options form --------------------------------------------------------
+// ---- engines -------------------------------------------------------------------------------
 
 async function loadEngines() {
   let body;
@@ -78,219 +86,169 @@ async function loadEngines() {
     setMessage("The server has no engines available.", true);
     return;
   }
-  ui.engine.replaceChildren(...engines.map((e) => new Option(e.name, e.name)));
+  ui.engine.replaceChildren(...engines.map((e) => new Option(`${e.name} (${e.kind})`, e.name)));
   ui.engine.value = engines.some((e) => e.name === body.default) ? body.default : engines[0].name;
   renderEngine();
   updateControls();
-  setMessage("Ready. Press Start and allow the microphone.");
+  setMessage("Ready. Pick an engine and press Start.");
 }
 
 function showUnavailable(reasons) {
-  const items = Object.entries(reasons).map(([name, reason]) =>
-    el("li", { textContent: `${name}: ${reason}` }),
-  );
+  const items = Object.entries(reasons).map(([name, why]) => el("li", {}, `${name}: ${why}`));
   ui.unavailableList.replaceChildren(...items);
   ui.unavailable.hidden = items.length === 0;
 }
 
 function renderEngine() {
-  const engine = engines.find((e) => e.name === ui.engine.value);
+  const engine = selectedEngine();
+  const speaks = engine.kind === "speak";
   ui.engineDescription.textContent = engine.description ?? "";
-  const rate = `${engine.sample_rate / 1000} kHz`;
-  ui.engineFacts.textContent = `${engine.kind} · ${rate} · ${engine.delay_ms} ms delay`;
-  const properties = Object.entries(engine.options?.properties ?? {});
-  ui.options.replaceChildren(...properties.map(([name, schema]) => optionField(name, schema)));
-  ui.optionsGroup.hidden = properties.length === 0;
-}
-
-function optionField(name, schema) {
-  const input = Object.assign(optionInput(schema), { id: `option-${name}`, name });
-  const label = el("label", { htmlFor: input.id, textContent: name.replaceAll("_", " ") });
-  const isCheckbox = input.type === "checkbox";
-  const row = el("div", { className: isCheckbox ? "field field-check" : "field" });
-  row.append(...(isCheckbox ? [input, label] : [label, input]));
-  if (schema.description) {
-    const hint = el("p", { id: `${input.id}-hint`, className: "hint" }, schema.description);
-    input.setAttribute("aria-describedby", hint.id);
-    row.append(hint);
-  }
-  return row;
-}
-
-function optionInput(schema) {
-  if (schema.type === "boolean") {
-    return el("input", { type: "checkbox", checked: Boolean(schema.default) });
-  }
-  if (Array.isArray(schema.enum)) {
-    const select = el("select", {}, ...schema.enum.map((choice) => new Option(choice, choice)));
-    select.value = schema.default ?? schema.enum[0];
-    return select;
-  }
-  if (schema.type === "number" || schema.type === "integer") {
-    return el("input", {
-      type: "number",
-      step: schema.type === "integer" ? "1" : "any",
-      min: schema.minimum ?? "",
-      max: schema.maximum ?? "",
-      // With a default to fall back on, an empty box is a mistake the browser should point out.
-      required: typeof schema.default === "number",
-      value: schema.default ?? "",
-    });
-  }
-  return el("input", { type: "text", value: schema.default ?? "" });
-}
-
-function readOptions() {
-  const options = {};
-  for (const input of ui.options.querySelectorAll("[name]")) {
-    if (input.type === "checkbox") options[input.name] = input.checked;
-    else if (input.type !== "number") options[input.name] = input.value;
-    // An empty optional number is left out so the server applies its own default.
-    else if (!Number.isNaN(input.valueAsNumber)) options[input.name] = input.valueAsNumber;
-  }
-  return options;
+  const facts = [engine.kind, `${engine.sample_rate / 1000} kHz`];
+  if (!speaks) facts.push(`${engine.delay_ms} ms algorithmic delay`);
+  ui.engineFacts.textContent = facts.join(" · ");
+  const fields = optionFields(engine.options);
+  ui.options.replaceChildren(...fields);
+  ui.optionsGroup.hidden = fields.length === 0;
+  ui.speakPanel.hidden = !speaks;
+  livePanel.setKind(engine.kind);
 }
 
 // ---- the call ------------------------------------------------------------------------------
 
 async function start() {
-  const current = { engine: ui.engine.value, options: readOptions() };
+  const engine = selectedEngine();
+  audioContext ??= new AudioContext();
+  audioContext.resume();
+  const request = { engine: engine.name, kind: engine.kind, options: readOptions(ui.options) };
+  const current = new Call(request, callHandlers());
   call = current;
+  channelOpen = false;
+  livePanel.reset();
   updateControls();
-  try {
-    await connect(current);
-  } catch (err) {
-    // A stopped call has already been reset; only release what its late steps acquired.
-    if (call === current) endCall(err.message, true);
-    else teardown(current);
-  }
-}
-
-async function connect(c) {
+  setBadge(ui.connectionState, "connecting");
   setMessage("Waiting for microphone access…");
-  c.stream = await openMicrophone();
-  assertCurrent(c);
-  const [track] = c.stream.getAudioTracks();
-  track.addEventListener("ended", () => {
-    if (call === c) endCall("The microphone stopped. Press Start to try again.", true);
-  });
-  c.pc = createPeerConnection(c, track);
-  setMessage("Connecting to the server…");
-  await c.pc.setLocalDescription(await c.pc.createOffer());
-  await iceGatheringComplete(c.pc);
-  assertCurrent(c);
-  const answer = await postOffer(c.pc.localDescription.sdp, c.engine, c.options);
-  // Recorded before the check so that a call stopped meanwhile still deletes its session.
-  c.sessionId = answer.session_id;
-  assertCurrent(c);
-  ui.sessionId.textContent = c.sessionId;
-  await c.pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
-}
-
-function assertCurrent(c) {
-  if (call !== c) throw new Error("call stopped");
-}
-
-async function openMicrophone() {
-  // Outside https and localhost, browsers hide navigator.mediaDevices altogether.
-  if (!navigator.mediaDevices?.getUserMedia) {
-    throw new Error("The microphone needs a secure page: open this site over https or localhost.");
-  }
+  log.add("local", "start", describeRequest(request));
   try {
-    return await navigator.mediaDevices.getUserMedia(MIC_CONSTRAINTS);
+    await current.connect();
+    showSession(current.sessionId);
   } catch (err) {
-    throw new Error(MIC_ERRORS[err.name] ?? `The microphone could not be opened (${err.name}).`);
+    // A call stopped meanwhile has cleaned up after itself; only a live one reports.
+    if (call === current) endCall(err.message, true);
   }
 }
 
-function createPeerConnection(c, track) {
-  const pc = new RTCPeerConnection({ iceServers: [] });
-  pc.addTransceiver(track, { direction: "sendrecv", streams: [c.stream] });
-  pc.addEventListener("track", (event) => {
-    if (call !== c) return;
-    ui.remote.srcObject = event.streams[0] ?? new MediaStream([event.track]);
-    // autoplay is normally enough after the Start click; play() covers browsers that disagree.
-    ui.remote.play().catch(() => {});
-  });
-  pc.addEventListener("connectionstatechange", () => onConnectionState(c));
-  openControlChannel(pc);
-  return pc;
+function describeRequest({ engine, options }) {
+  const settings = Object.entries(options).map(([name, value]) => `${name} ${value}`);
+  return [engine, ...settings].join(" · ");
 }
 
-function onConnectionState(c) {
-  if (call !== c) return;
-  const state = c.pc.connectionState;
-  ui.connectionState.textContent = state;
+function callHandlers() {
+  return {
+    onMicrophone(stream) {
+      meters.input.attach(audioContext, stream);
+      setMessage("Connecting to the server…");
+    },
+    onMicrophoneMissing(err) {
+      log.add("error", "microphone", err.problem);
+      const consequence = "you will hear the voice, but talking will not interrupt it.";
+      setMessage(`${err.problem} Connecting anyway: ${consequence}`, true);
+    },
+    onTrack(stream) {
+      ui.remote.srcObject = stream;
+      // autoplay is normally enough after the Start click; play() covers browsers that disagree.
+      ui.remote.play().catch(() => {});
+      // Chrome only feeds a remote stream into Web Audio while a media element plays it.
+      meters.output.attach(audioContext, stream);
+    },
+    onState: onConnectionState,
+    onChannelOpen() {
+      channelOpen = true;
+      updateControls();
+    },
+    onMessage: onServerEvent,
+    onServerClosed() {
+      endCall("The server ended the call. Press Start to call again.", true);
+    },
+    onMicrophoneEnded() {
+      endCall("The microphone stopped. Press Start to try again.", true);
+    },
+  };
+}
+
+function onConnectionState(state) {
+  connectionState = state;
+  setBadge(ui.connectionState, state);
   if (state === "connected") {
-    setMessage(`Connected. You are hearing your microphone through "${c.engine}".`);
+    setMessage(connectedMessage());
+    log.add("local", "connected", `session ${call.sessionId}`);
+    startBrowserStats();
   } else if (state === "disconnected") {
     setMessage("The connection was interrupted; trying to recover…");
   } else if (state === "failed") {
     endCall("The connection to the server failed. Press Start to try again.", true);
-  } else if (state === "closed") {
-    endCall("The connection was closed. Press Start to call again.");
   }
 }
 
-// Later features send their messages here; for now they are only shown in the log panel.
-function openControlChannel(pc) {
-  const channel = pc.createDataChannel("control");
-  channel.addEventListener("open", () => log("control channel open"));
-  channel.addEventListener("message", (event) => {
-    try {
-      log(JSON.stringify(JSON.parse(event.data)));
-    } catch {
-      log(`(not JSON) ${event.data}`);
-    }
-  });
-}
-
-function iceGatheringComplete(pc) {
-  return new Promise((resolve) => {
-    const check = () => pc.iceGatheringState === "complete" && resolve();
-    pc.addEventListener("icegatheringstatechange", check);
-    setTimeout(resolve, ICE_GATHERING_TIMEOUT_MS);
-    check();
-  });
-}
-
-async function postOffer(sdp, engine, options) {
-  const response = await fetch("/offer", {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ sdp, type: "offer", engine, options }),
-  }).catch(() => {
-    throw new Error("Could not reach the server. Check that it is running and press Start again.");
-  });
-  const body = await response.json().catch(() => null);
-  if (!response.ok) {
-    throw new Error(body?.message ?? `The server refused the call (HTTP ${response.status}).`);
-  }
-  if (typeof body?.sdp !== "string") throw new Error("The server's answer could not be read.");
-  return body;
-}
-
-// Safe to call more than once: each resource is released at most once.
-function teardown(c) {
-  if (c.sessionId) {
-    // keepalive lets the request finish even when the page is being closed.
-    const url = `/sessions/${encodeURIComponent(c.sessionId)}`;
-    fetch(url, { method: "DELETE", keepalive: true }).catch(() => {});
-    c.sessionId = null;
-  }
-  c.pc?.close();
-  c.stream?.getTracks().forEach((track) => track.stop());
+function connectedMessage() {
+  const { engine, kind, options } = call.request;
+  if (kind !== "speak") return `Connected. You are hearing your microphone through ${engine}.`;
+  if (!call.stream) return "Connected without a microphone. Type something to say.";
+  return options.barge_in === false
+    ? "Connected. Type something to say; press Interrupt to stop it."
+    : "Connected. Type something to say; talk over the voice to interrupt it.";
 }
 
 function endCall(message, isError = false) {
   if (!call) return;
-  teardown(call);
+  call.close();
   call = null;
+  clearInterval(statsTimer);
+  meters.input.detach();
+  meters.output.detach();
   ui.remote.srcObject = null;
-  ui.connectionState.textContent = "not connected";
-  ui.sessionId.textContent = "none";
+  connectionState = "idle";
+  channelOpen = false;
+  setBadge(ui.connectionState, "idle");
+  setBadge(ui.speechState, "idle", "silent");
+  showSession(null);
   updateControls();
   setMessage(message, isError);
+  log.add(isError ? "error" : "local", "end", message);
+}
+
+// ---- measurements --------------------------------------------------------------------------
+
+function startBrowserStats() {
+  clearInterval(statsTimer);
+  const current = call;
+  const sampler = new BrowserStats(current.pc);
+  statsTimer = setInterval(async () => {
+    const sample = await sampler.sample().catch(() => null);
+    if (call === current && sample) livePanel.addBrowserStats(sample);
+  }, STATS_INTERVAL_MS);
+}
+
+function onServerEvent(event) {
+  if (event.type === "stats") {
+    livePanel.addServerStats(event);
+    return;
+  }
+  log.addServerEvent(event);
+  if (event.type === "speech_started") setBadge(ui.speechState, "speaking", "speaking");
+  if (event.type === "speech_finished") setBadge(ui.speechState, "idle", "silent");
+}
+
+// ---- speaking ------------------------------------------------------------------------------
+
+function say() {
+  const text = ui.speakText.value.trim();
+  if (!text || !call?.send({ type: "speak", text })) return;
+  log.add("local", "speak", text);
+  ui.speakText.value = "";
+}
+
+function interrupt() {
+  if (call?.send({ type: "interrupt" })) log.add("local", "interrupt");
 }
 
 // ---- wiring --------------------------------------------------------------------------------
@@ -301,6 +259,40 @@ ui.callForm.addEventListener("submit", (event) => {
   if (!call) start();
 });
 ui.stop.addEventListener("click", () => endCall("Call ended. Press Start to call again."));
-window.addEventListener("pagehide", () => endCall(""));
+ui.speakForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  say();
+});
+// Enter says the text, as in a chat box; Shift+Enter still makes a new line.
+ui.speakText.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    ui.speakForm.requestSubmit();
+  }
+});
+ui.interrupt.addEventListener("click", interrupt);
+ui.volume.addEventListener("input", () => {
+  const percent = ui.volume.valueAsNumber;
+  ui.remote.volume = percent / 100;
+  ui.volumeValue.textContent = `${percent} %`;
+  ui.volume.setAttribute("aria-valuetext", `${percent} percent`);
+});
+window.addEventListener("pagehide", () => endCall("The page was closed."));
 
+// A read-only view of the live state, for the browser tests and for anyone curious in the
+// console: the levels are the meters' own readings, the stats the latest shown on the page.
+window.cosyrtc = Object.freeze({
+  snapshot: () => ({
+    connectionState,
+    channelOpen,
+    engine: call?.request.engine ?? null,
+    sessionId: call?.sessionId ?? null,
+    input: { rms: meters.input.rms, maxRms: meters.input.maxRms },
+    output: { rms: meters.output.rms, maxRms: meters.output.maxRms },
+    server: livePanel.server,
+    browser: livePanel.browser,
+  }),
+});
+
+animateMeters([meters.input, meters.output]);
 loadEngines();

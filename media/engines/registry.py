@@ -21,6 +21,8 @@ LOADERS: dict[str, str] = {
     "echo": "media.engines.echo:load",
     "denoise": "media.engines.deepfilter:load",
     "piper": "media.engines.piper:load",
+    "cosyvoice": "media.engines.cosyvoice.loader:load_speak",
+    "cosyvoice-vc": "media.engines.cosyvoice.loader:load_vc",
 }
 
 

@@ -40,6 +40,9 @@ ENV_VALUES = {
     "COSYRTC_ICE_TIMEOUT": "2.5",
     "COSYRTC_MAX_BODY_BYTES": "4096",
     "COSYRTC_LOG_LEVEL": "debug",
+    "COSYRTC_WORKERS": "3",
+    "COSYRTC_COSYVOICE_MODEL": "/models/CosyVoice2-0.5B",
+    "COSYRTC_COSYVOICE_SRC": "/src/CosyVoice",
 }
 EXPECTED = Settings(
     host="127.0.0.2",
@@ -55,6 +58,9 @@ EXPECTED = Settings(
     ice_timeout=2.5,
     max_body_bytes=4096,
     log_level="debug",
+    workers=3,
+    cosyvoice_model="/models/CosyVoice2-0.5B",
+    cosyvoice_src="/src/CosyVoice",
 )
 
 
@@ -88,6 +94,9 @@ def test_every_flag_sets_its_setting():
         "--ice-timeout=2.5",
         "--max-body-bytes=4096",
         "--log-level=debug",
+        "--workers=3",
+        "--cosyvoice-model=/models/CosyVoice2-0.5B",
+        "--cosyvoice-src=/src/CosyVoice",
     )
     assert settings_from(args, {}) == EXPECTED
 

@@ -1,0 +1,31 @@
+"""CosyVoice2 engines: ``cosyvoice`` (streaming text to speech) and ``cosyvoice-vc``.
+
+Enable them with ``make cosyvoice`` (torch 2.13 CPU, the upstream neural modules from
+``cosyvoice-minicpmo`` installed ``--no-deps``, ``requirements/cosyvoice.txt``) and a
+CosyVoice2 model directory: ``cosyvoice2.yaml``, ``llm.pt``, ``flow.pt``, ``hift.pt``,
+``campplus.onnx``, ``speech_tokenizer_v2.onnx``, ``spk2info.pt`` and ``CosyVoice-BlankEN/``.
+``loader.configure(model_dir=..., src_path=...)`` says where they are (``src_path``: a checkout
+of the upstream repository to import instead of the installed package); the server passes its
+settings to it before loading engines. Without them both engines are listed as unavailable,
+with a message saying this, and the server starts normally.
+
+Importing this package imports nothing heavy: torch and the upstream modules are imported when
+the registry loads the engines (``loader.load_speak``, ``loader.load_vc``).
+
+Modules, one job each:
+
+- ``upstream``: importing the upstream modules (package or checkout), with stand-ins for the
+  two imports inference does not need;
+- ``modeldir``: reading a model directory into shared, read-only modules;
+- ``features``: Whisper log-mel, Kaldi filter banks and the prompt mel, without torchaudio,
+  librosa or whisper;
+- ``prompts``: built-in speakers and zero-shot prompt clips, analysed once;
+- ``sampling``, ``tokens``, ``bistream``: the LLM, token by token, in a cancellable worker;
+- ``schedule``, ``flow_window``, ``vocoder``, ``crossfade``, ``synthesis``: the streaming
+  scheduler, from tokens to audio chunks with per-utterance caches;
+- ``speak``, ``vc``: the two engines; ``loader``: settings and the shared model.
+
+``scripts/make_tiny_cosyvoice.py`` builds a random model directory for tests (``--full``:
+real sizes, for GPU timing); ``bench/cosyvoice.py`` measures first-chunk latency and
+real-time factor at 1-8 concurrent streams.
+"""

@@ -1,0 +1,207 @@
+"""``cosyvoice``: CosyVoice2 text to speech, streamed chunk by chunk, one voice per session.
+
+A session speaks with a built-in speaker (``spk2info.pt``, option ``speaker``) or with a voice
+cloned from a prompt clip and its transcript (``set_prompt``, analysed once per session).
+Each utterance runs the LLM in a worker thread and turns its tokens into audio as each hop of
+the session's own schedule completes (``synthesis.py``); cancelling stops the worker within
+one token and drops the utterance's caches.
+
+Streaming text: today the speak pipeline cuts ``speak_delta`` pieces into sentences and
+clauses (``media.text``) and calls ``synthesize`` once per piece, so the LLM starts on the
+first clause while the rest is still arriving, each clause in a fresh LLM context.
+``synthesize_pieces`` is the bistream path (``bistream.py``): one LLM context fed the
+pieces as they come, speech starting after the first five text tokens, prosody continuing
+across pieces. To use it, the pipeline would hand an utterance's pieces to it through a
+blocking iterator (ended by ``flush`` or ``interrupt``) instead of splitting sentences.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from media.engines.base import BARGE_IN_OPTION, EngineKind, OptionSpec, SpeakEngine
+from media.engines.cosyvoice.bistream import generate_bistream
+from media.engines.cosyvoice.modeldir import LoadedModel
+from media.engines.cosyvoice.prompts import (
+    SpeakerPrompt,
+    neutral_prompt,
+    prompt_from_clip,
+    prompt_from_speaker,
+    text_ids,
+)
+from media.engines.cosyvoice.sampling import new_generator
+from media.engines.cosyvoice.schedule import (
+    FIRST_HOP_MIN_TOKENS,
+    MAX_HOP_CHUNKS,
+    HopSchedule,
+)
+from media.engines.cosyvoice.synthesis import UtteranceStream, stream_speech
+from media.engines.cosyvoice.tokens import LlmRequest, TokenStream, generate_tokens
+from media.engines.cosyvoice.vocoder import SAMPLES_PER_FRAME
+
+NEUTRAL_SPEAKER = "neutral"  # offered when spk2info.pt has no speakers
+PROMPT_SPEAKER = "prompt"  # what ``speaker`` reads after a prompt clip was set
+SAMPLES_PER_TOKEN = 2 * SAMPLES_PER_FRAME
+RANDOM_SEED = -1
+
+
+@dataclass(eq=False)
+class CosyVoiceState:
+    """One session: its voice, its random generator, and the utterance in progress."""
+
+    speaker: str
+    prompt: SpeakerPrompt
+    generator: torch.Generator
+    first_hop_tokens: int
+    stream: UtteranceStream | None = None
+    # The last utterance, for stats and tests: hops taken, when its first chunk was ready
+    # and when synthesis ended (time.monotonic()).
+    last_hops: tuple[int, ...] = ()
+    first_chunk_at: float | None = None
+    finished_at: float | None = None
+
+
+class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
+    """Streaming CosyVoice2 synthesis over a shared, read-only model."""
+
+    def __init__(self, model: LoadedModel, context_tokens: int | None, chunk: int) -> None:
+        self.model = model
+        self.context_tokens = context_tokens
+        self.chunk = chunk
+        self._speakers = {
+            name: prompt_from_speaker(speaker) for name, speaker in model.speakers.items()
+        } or {NEUTRAL_SPEAKER: neutral_prompt()}
+        self._lock = threading.Lock()
+        self._streams = 0
+        super().__init__(
+            name="cosyvoice",
+            kind=EngineKind.SPEAK,
+            sample_rate=model.sample_rate,
+            hop_size=chunk * MAX_HOP_CHUNKS * SAMPLES_PER_TOKEN,
+            delay_ms=0.0,
+            description="CosyVoice2 text to speech with zero-shot voice cloning, streamed.",
+            option_specs=(
+                OptionSpec(
+                    "speaker",
+                    "string",
+                    next(iter(self._speakers)),
+                    "Built-in speaker (a prompt clip set for the session replaces it).",
+                    choices=tuple(self._speakers),
+                ),
+                OptionSpec(
+                    "seed",
+                    "integer",
+                    RANDOM_SEED,
+                    "Seed of the session's token sampling (-1: random), for repeatable speech.",
+                    minimum=RANDOM_SEED,
+                    maximum=2**31 - 1,
+                ),
+                OptionSpec(
+                    "first_hop_tokens",
+                    "integer",
+                    FIRST_HOP_MIN_TOKENS,
+                    "Speech tokens (40 ms each) the first chunk needs at least: lower is "
+                    "sooner, higher gives the first chunk more context.",
+                    minimum=4,
+                    maximum=4 * chunk,
+                ),
+                BARGE_IN_OPTION,
+            ),
+        )
+
+    @property
+    def active_streams(self) -> int:
+        """Utterances being synthesised right now, across sessions."""
+        with self._lock:
+            return self._streams
+
+    def new_state(self, options: Mapping[str, Any]) -> CosyVoiceState:
+        seed = options["seed"]
+        return CosyVoiceState(
+            speaker=options["speaker"],
+            prompt=self._speakers[options["speaker"]],
+            generator=new_generator(None if seed == RANDOM_SEED else seed),
+            first_hop_tokens=options["first_hop_tokens"],
+        )
+
+    def set_prompt(
+        self, state: CosyVoiceState, audio: np.ndarray, rate: int, transcript: str
+    ) -> None:
+        """Clone the voice of ``audio`` (float32 mono at ``rate``) for this session's speech.
+
+        Runs the two front-end models once (~tens of ms per second of audio); raises
+        ``PromptError`` for a clip that is too short or long or a missing transcript.
+        """
+        state.prompt = prompt_from_clip(self.model, audio, rate, transcript)
+        state.speaker = PROMPT_SPEAKER
+
+    def synthesize(
+        self, state: CosyVoiceState, text: str, cancel: threading.Event
+    ) -> Iterator[np.ndarray]:
+        ids = text_ids(self.model, text)
+        if not len(ids) or cancel.is_set():
+            return
+        prompt = state.prompt
+        request = LlmRequest(text=ids, prompt_text=prompt.text, prompt_tokens=prompt.tokens)
+        produce = partial(generate_tokens, self.model.llm, request, state.generator)
+        yield from self._stream(state, prompt, produce, cancel)
+
+    def synthesize_pieces(
+        self, state: CosyVoiceState, pieces: Iterable[str], cancel: threading.Event
+    ) -> Iterator[np.ndarray]:
+        """Speak text that is still arriving, in one LLM context (CosyVoice2's bistream).
+
+        ``pieces`` is read by the LLM worker as it needs text and may block between pieces;
+        it must end when ``cancel`` is set. Audio starts once the first five text tokens (and
+        the prompt, if any) are in.
+        """
+        if cancel.is_set():
+            return
+        prompt = state.prompt
+        ids = (text_ids(self.model, piece) for piece in pieces)
+        produce = partial(
+            generate_bistream, self.model.llm, ids, prompt.text, prompt.tokens, state.generator
+        )
+        yield from self._stream(state, prompt, produce, cancel)
+
+    def _stream(
+        self,
+        state: CosyVoiceState,
+        prompt: SpeakerPrompt,
+        produce: Callable[[Callable[[], bool]], Iterator[int]],
+        cancel: threading.Event,
+    ) -> Iterator[np.ndarray]:
+        """Run one utterance: the LLM worker, the hop schedule and the vocoder caches."""
+        stream = UtteranceStream(
+            tokens=TokenStream(produce, cancel),
+            schedule=HopSchedule(self.chunk, prompt.flow.length, state.first_hop_tokens),
+        )
+        state.stream, state.first_chunk_at, state.finished_at = stream, None, None
+        with self._lock:
+            self._streams += 1
+        stream.tokens.start()
+        try:
+            for audio in stream_speech(self.model, prompt, stream, self.context_tokens, self.chunk):
+                if state.first_chunk_at is None:
+                    state.first_chunk_at = time.monotonic()
+                yield audio
+        finally:
+            stream.tokens.close()
+            state.last_hops = tuple(stream.schedule.taken)
+            state.finished_at = time.monotonic()
+            state.stream = None
+            with self._lock:
+                self._streams -= 1
+
+    def close_state(self, state: CosyVoiceState) -> None:
+        stream = state.stream
+        if stream is not None:
+            stream.tokens.close()

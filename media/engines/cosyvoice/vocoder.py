@@ -1,0 +1,60 @@
+"""Mel to waveform in chunks with HiFT, keeping one session's continuity in a small cache.
+
+HiFT is convolutional and sees a few frames either side, and its neural source filter draws a
+random phase per call. Rendering chunks independently would click at every join. So each
+session keeps, between chunks, upstream's three caches: the last ``MEL_CACHE_FRAMES`` mel
+frames (rendered again at the start of the next chunk, now with their right context), the
+excitation signal under them (reused, so the re-rendering is in phase) and the audio they
+produced the first time (crossfaded with the second rendering). That audio is held back from
+the chunk that produced it, so each join costs ``MEL_CACHE_FRAMES`` frames (160 ms) of
+latency, once, not per chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from media.engines.cosyvoice.crossfade import crossfade
+
+MEL_CACHE_FRAMES = 8
+SAMPLES_PER_FRAME = 480  # 24 kHz, 50 mel frames per second
+OVERLAP_SAMPLES = MEL_CACHE_FRAMES * SAMPLES_PER_FRAME
+
+
+@dataclass(eq=False)
+class VocoderCache:
+    """One utterance's continuity across chunks (None before its first chunk)."""
+
+    mel: torch.Tensor | None = None  # (1, 80, MEL_CACHE_FRAMES)
+    source: torch.Tensor | None = None  # (1, 1, OVERLAP_SAMPLES)
+    tail: np.ndarray | None = None  # (OVERLAP_SAMPLES,) rendered once, not yet sent
+
+
+def vocode(hift: Any, cache: VocoderCache, mel: torch.Tensor, final: bool) -> np.ndarray:
+    """Render ``mel`` (1, 80, frames) after what ``cache`` holds; return the audio to send.
+
+    Not final: everything but the last ``OVERLAP_SAMPLES`` (kept for the next join). Final:
+    everything, and the cache is emptied.
+    """
+    if cache.mel is not None:
+        mel = torch.cat([cache.mel, mel], dim=2)
+    if mel.shape[2] == 0:
+        return np.zeros(0, np.float32)
+    source = cache.source if cache.source is not None else mel.new_zeros(1, 1, 0)
+    with torch.inference_mode():
+        speech, excitation = hift.inference(speech_feat=mel, cache_source=source)
+    audio = speech[0].detach().cpu().numpy().astype(np.float32)
+    if cache.tail is not None:
+        overlap = min(len(cache.tail), len(audio))
+        audio[:overlap] = crossfade(cache.tail[:overlap], audio[:overlap])
+    if final:
+        cache.mel = cache.source = cache.tail = None
+        return audio
+    cache.mel = mel[:, :, -MEL_CACHE_FRAMES:]
+    cache.source = excitation[:, :, -OVERLAP_SAMPLES:]
+    cache.tail = audio[-OVERLAP_SAMPLES:].copy()
+    return audio[: max(0, len(audio) - OVERLAP_SAMPLES)]

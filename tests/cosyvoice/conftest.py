@@ -1,0 +1,50 @@
+"""A tiny random CosyVoice2 model directory, built once per run, and the engines on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="run `make cosyvoice` for the CosyVoice tests")
+pytest.importorskip("cosyvoice", reason="run `make cosyvoice` for the CosyVoice tests")
+
+from media.engines.cosyvoice import loader
+from media.engines.cosyvoice.speak import CosyVoiceEngine
+from media.engines.cosyvoice.vc import CosyVoiceVcEngine
+from media.engines.registry import EngineRegistry
+from scripts.make_tiny_cosyvoice import build
+
+# ~30 text tokens: ~60 speech tokens (2.4 s of audio), three or four chunks.
+SENTENCE = "Hello there, this is a longer sentence to check streaming of chunks."
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("tiny-cosyvoice"))
+
+
+@pytest.fixture(scope="session")
+def cosyvoice_registry(tiny_model_dir: Path) -> Iterator[EngineRegistry]:
+    """The registry the server gets, with the CosyVoice loaders pointed at the tiny model."""
+    loader.configure(model_dir=tiny_model_dir)
+    registry = EngineRegistry.load(["echo", "cosyvoice", "cosyvoice-vc"])
+    assert not registry.unavailable, registry.unavailable
+    yield registry
+    registry.close()
+    loader.configure()
+
+
+@pytest.fixture(scope="session")
+def speak_engine(cosyvoice_registry: EngineRegistry) -> CosyVoiceEngine:
+    engine = cosyvoice_registry.get("cosyvoice")
+    assert isinstance(engine, CosyVoiceEngine)
+    return engine
+
+
+@pytest.fixture(scope="session")
+def vc_engine(cosyvoice_registry: EngineRegistry) -> CosyVoiceVcEngine:
+    engine = cosyvoice_registry.get("cosyvoice-vc")
+    assert isinstance(engine, CosyVoiceVcEngine)
+    return engine
