@@ -76,8 +76,9 @@ async def test_echo_returns_what_was_sent(server: RunningServer, speech_wav: Pat
     result = await make_call(server, speech_wav, tmp_path, "echo")
     _, segments = align_segments(result.sent, result.received)
     correlations = [corr for _, corr in segments]
+    # Opus "voip" high-passes the voice on both legs, which caps a low voice near 0.9.
     assert np.median(correlations) >= 0.9, f"normalised correlation per second: {segments}"
-    assert np.mean(np.array(correlations) >= 0.9) >= 0.8, segments
+    assert min(correlations) >= 0.8, segments
     assert len({lag for lag, _ in segments}) <= 3, f"audio was dropped repeatedly: {segments}"
     assert result.report.gaps == 0
     assert result.report.frames_received >= 0.9 * result.report.frames_sent
