@@ -67,6 +67,19 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+def register_page(app: web.Application) -> None:
+    """``/healthz`` and the page's files.
+
+    One route per page file, not a static catch-all at "/": that would answer every unknown
+    path itself (an empty, non-JSON 404 for GET, 405 for other methods).
+    """
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/", file_handler(WEB_DIR / "index.html"))
+    for path in sorted(WEB_DIR.iterdir()):
+        if path.is_file():
+            app.router.add_get(f"/{path.name}", file_handler(path))
+
+
 def create_app(
     settings: Settings, registry: EngineRegistry, id_prefix: str = ""
 ) -> web.Application:
@@ -88,13 +101,7 @@ def create_app(
     SignalingRoutes(server.sessions, settings.ice_servers, settings.max_body_bytes).register(app)
     SessionRoutes(server.sessions).register(app)
     prompt_routes.register(app, server.sessions)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/", file_handler(WEB_DIR / "index.html"))
-    # One route per page file, not a static catch-all at "/": that would answer every unknown
-    # path itself (an empty, non-JSON 404 for GET, 405 for other methods).
-    for path in sorted(WEB_DIR.iterdir()):
-        if path.is_file():
-            app.router.add_get(f"/{path.name}", file_handler(path))
+    register_page(app)
 
     async def on_shutdown(app: web.Application) -> None:
         await server.close()

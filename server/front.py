@@ -24,7 +24,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from server.app import WEB_DIR, file_handler, healthz
+from server.app import register_page
 from server.config import Settings
 from server.sessions import RETRY_AFTER_SECONDS
 from server.worker import session_prefix
@@ -209,11 +209,7 @@ def create_front_app(settings: Settings, worker_args: Sequence[str]) -> web.Appl
     )
     for path in session_paths:
         app.router.add_route("*", path, _to_owner)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/", file_handler(WEB_DIR / "index.html"))
-    for path in sorted(WEB_DIR.iterdir()):
-        if path.is_file():
-            app.router.add_get(f"/{path.name}", file_handler(path))
+    register_page(app)
 
     async def on_startup(app: web.Application) -> None:
         await front.start()
