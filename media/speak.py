@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +78,7 @@ class Utterance:
     sentences: deque[str] = field(default_factory=deque)
     closed: bool = False  # no more text will come
     more: asyncio.Event = field(default_factory=asyncio.Event)
+    streamed: bool = False  # made of speak_delta pieces
     queued_at: float = 0.0  # loop time the first text arrived
     start: int | None = None  # output stream position of the first sample
     end: int | None = None  # set once synthesis is complete
@@ -228,7 +229,7 @@ class SpeakPipeline:
         if utterance is None or (utterance_id is not None and utterance_id != utterance.id):
             if utterance is not None:
                 utterance.close()
-            utterance = Utterance(self._new_id(utterance_id))
+            utterance = Utterance(self._new_id(utterance_id), streamed=True)
             self._open_delta = utterance
             self._enqueue(utterance)
         utterance.add(piece)
@@ -264,27 +265,30 @@ class SpeakPipeline:
 
     async def _synthesise(self, utterance: Utterance) -> None:
         loop = asyncio.get_running_loop()
-        while not self._cancel.is_set():
-            sentence = await utterance.next_sentence()
-            if sentence is None or self._cancel.is_set():
-                break
-            self.stats.sentences += 1
-            try:
+        try:
+            if utterance.streamed and self.engine.incremental_text:
                 await loop.run_in_executor(
-                    self._executor, self._synthesise_sentence, loop, utterance, sentence
+                    self._executor, self._synthesise_streamed, loop, utterance
                 )
-            except Exception as exc:
-                log.exception("session %s: synthesis failed", self._session_id)
-                self.stats.synthesis_errors += 1
-                self._emit(
-                    {
-                        "type": "error",
-                        "error": "synthesis_failed",
-                        "message": f"Speech synthesis failed: {type(exc).__name__}.",
-                        "id": utterance.id,
-                    }
-                )
-                break
+            else:
+                while not self._cancel.is_set():
+                    sentence = await utterance.next_sentence()
+                    if sentence is None or self._cancel.is_set():
+                        break
+                    await loop.run_in_executor(
+                        self._executor, self._synthesise_sentence, loop, utterance, sentence
+                    )
+        except Exception as exc:
+            log.exception("session %s: synthesis failed", self._session_id)
+            self.stats.synthesis_errors += 1
+            self._emit(
+                {
+                    "type": "error",
+                    "error": "synthesis_failed",
+                    "message": f"Speech synthesis failed: {type(exc).__name__}.",
+                    "id": utterance.id,
+                }
+            )
         if self._cancel.is_set() or utterance.finished:
             return
         self._output_tail()
@@ -297,8 +301,37 @@ class SpeakPipeline:
     def _synthesise_sentence(
         self, loop: asyncio.AbstractEventLoop, utterance: Utterance, sentence: str
     ) -> None:
-        """Runs in a worker thread: stream chunks to the loop, pausing when far ahead."""
+        """Runs in a worker thread: one sentence, chunk by chunk."""
+        self.stats.sentences += 1
         chunks = self.engine.synthesize(self._state, sentence, self._cancel)
+        self._stream_chunks(loop, utterance, chunks)
+
+    def _synthesise_streamed(self, loop: asyncio.AbstractEventLoop, utterance: Utterance) -> None:
+        """Runs in a worker thread: a streamed utterance in one model context.
+
+        The thread waits for text as well as for the model, so only engines that read text
+        incrementally take this path; others get one sentence at a time.
+        """
+        sentences = self._sentences_as_they_come(loop, utterance)
+        self.stats.sentences += 1
+        self._stream_chunks(
+            loop, utterance, self.engine.synthesize_pieces(self._state, sentences, self._cancel)
+        )
+
+    def _sentences_as_they_come(
+        self, loop: asyncio.AbstractEventLoop, utterance: Utterance
+    ) -> Iterator[str]:
+        """Runs in a worker thread: blocks for each sentence the loop's splitter completes."""
+        while not self._cancel.is_set():
+            sentence = asyncio.run_coroutine_threadsafe(utterance.next_sentence(), loop).result()
+            if sentence is None or self._cancel.is_set():
+                return
+            yield sentence
+
+    def _stream_chunks(
+        self, loop: asyncio.AbstractEventLoop, utterance: Utterance, chunks: Iterator[np.ndarray]
+    ) -> None:
+        """Hand chunks to the loop as they come, pausing when far ahead; stop on cancel."""
         while True:
             began = time.perf_counter()
             chunk = next(chunks, None)
@@ -393,6 +426,8 @@ class SpeakPipeline:
             cut += 1
         self._playing.clear()
         current, self._current = self._current, None
+        if current is not None:
+            current.close()  # wakes a synthesis thread waiting for more streamed text
         if current is not None and not current.finished:
             self._finish(current, interrupted=True, position=0)
             cut += 1

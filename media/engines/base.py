@@ -16,7 +16,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -176,6 +176,19 @@ class SpeakEngine(Engine[StateT]):
     @abstractmethod
     def synthesize(self, state: StateT, text: str, cancel: threading.Event) -> Iterator[np.ndarray]:
         """Yield the audio of ``text`` chunk by chunk until done or cancelled."""
+
+    # True for models that read text as it arrives, in one context (CosyVoice2's bistream):
+    # streamed utterances then go to ``synthesize_pieces`` instead of sentence by sentence.
+    incremental_text: ClassVar[bool] = False
+
+    def synthesize_pieces(
+        self, state: StateT, pieces: Iterator[str], cancel: threading.Event
+    ) -> Iterator[np.ndarray]:
+        """Speak text that is still arriving as one utterance (``incremental_text`` only).
+
+        ``pieces`` blocks until the next sentence arrives and ends when the text does.
+        """
+        raise EngineError(f"engine '{self.name}' reads whole sentences only")
 
 
 # Options every speak session has, whatever its engine; engines add them to their specs.

@@ -160,3 +160,28 @@ async def test_a_prompt_clip_uploaded_over_http_clones_the_session_voice(
             assert (state.prompt.flow.length + state.last_hops[0]) % 25 == 0
     finally:
         await runner.cleanup()
+
+
+async def test_streamed_text_is_spoken_in_one_context_before_it_is_complete(
+    cosyvoice_registry: EngineRegistry,
+):
+    """``speak_delta`` pieces reach CosyVoice2's bistream LLM as they arrive: audio starts
+    before the utterance is flushed, and the pieces come back as one utterance."""
+    async with (
+        running_server(cosyvoice_registry) as server,
+        PeerCall(server.url, silence(30), engine="cosyvoice", options={"seed": 3}) as call,
+    ):
+        pipeline = server.server.sessions.get(call.session_id).pipeline
+        assert isinstance(pipeline, SpeakPipeline)
+        words = LONG_TEXT.split()
+        half = len(words) // 2
+        for word in words[:half]:
+            await call.send({"type": "speak_delta", "text": word + " ", "id": "stream"})
+        started = await call.wait_for("speech_started", 30, id="stream")
+        flushed_at = await call.send({"type": "speak_delta", "text": " ".join(words[half:])})
+        await call.send({"type": "flush", "id": "stream"})
+        finished = await call.wait_for("speech_finished", 60, id="stream")
+    assert started["received_at"] < flushed_at, "audio waited for the whole text"
+    assert finished["interrupted"] is False
+    assert pipeline.stats.sentences == 1  # one model context for the whole utterance
+    assert [e["id"] for e in call.events if e["type"] == "speech_started"] == ["stream"]

@@ -72,6 +72,8 @@ class CosyVoiceState:
 class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
     """Streaming CosyVoice2 synthesis over a shared, read-only model."""
 
+    incremental_text = True
+
     def __init__(self, model: LoadedModel, context_tokens: int | None, chunk: int) -> None:
         self.model = model
         self.context_tokens = context_tokens
