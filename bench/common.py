@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -54,33 +55,46 @@ def spawned_server(
     ready_path: str = "healthz",
     ready_timeout: float = 60.0,
 ) -> Iterator[ServerHandle]:
-    """Run a server command (pinned to ``core``) until it answers; stop it afterwards."""
-    process = subprocess.Popen(
-        pinned(command, core), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + ready_path, timeout=1):
-                    break
-            except urllib.error.HTTPError:
-                break  # it answers, even if not that path
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("server did not become ready") from None
-                time.sleep(0.2)
-        yield ServerHandle(url, process.pid)
-    finally:
-        process.terminate()
+    """Run a server command (pinned to ``core``) until it answers; stop it afterwards.
+
+    The server's log goes to a file: a pipe nobody reads fills up under load and then blocks
+    the server on its next log line.
+    """
+    with tempfile.TemporaryFile() as log_file:
+        process = subprocess.Popen(
+            pinned(command, core), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_file
+        )
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            _wait_until_ready(
+                process, log_file, f"http://127.0.0.1:{port}/", ready_path, ready_timeout
+            )
+            yield ServerHandle(f"http://127.0.0.1:{port}/", process.pid)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_until_ready(
+    process: subprocess.Popen[bytes], log_file: Any, url: str, path: str, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            log_file.seek(0)
+            raise RuntimeError(f"server exited: {log_file.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url + path, timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers, even if not that path
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become ready") from None
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager
