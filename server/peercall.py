@@ -20,7 +20,8 @@ import aiohttp
 import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from media.filetracks import FrameRecorder, SamplesSourceTrack
+from media.filetracks import PEER_BITRATE, FrameRecorder, SamplesSourceTrack
+from media.opus import Application, OpusEncoder
 from media.receive import AudioReceivePath, install
 from signaling.client import Answer, delete_session, post_offer, post_whip
 from signaling.ice import rtc_configuration
@@ -48,7 +49,11 @@ class PeerCall:
         self.options = options
         self.codec = codec
         self.whip = whip
-        self.source = SamplesSourceTrack(audio, shape=shape)
+        # The peer encodes with the application it asks the server for, so a low-delay call
+        # is low-delay both ways.
+        application = Application[(codec or {}).get("application", "voip").upper()]
+        encoder = OpusEncoder(channels=1, bitrate=PEER_BITRATE, application=application)
+        self.source = SamplesSourceTrack(audio, shape=shape, encoder=encoder)
         self.recorder = FrameRecorder()
         self.receive = AudioReceivePath(self.recorder)
         self.pc = RTCPeerConnection(rtc_configuration([]))
