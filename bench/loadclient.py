@@ -24,8 +24,8 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from media.filetracks import FrameRecorder
-from media.frames import FRAME_SAMPLES, RTC_RATE
+from media.filetracks import FrameRecorder, RealTimeClock
+from media.frames import FRAME_SAMPLES
 from media.opus import OpusEncoder
 from media.probe import ChirpInserter, Timeline, detect_markers, rtt_from_markers
 from media.receive import AudioReceivePath, install
@@ -33,7 +33,6 @@ from media.tracks import TIME_BASE
 from signaling.client import Answer, delete_session, post_offer
 from signaling.ice import rtc_configuration
 
-FRAME_SECONDS = FRAME_SAMPLES / RTC_RATE
 CONNECT_TIMEOUT_S = 20.0
 
 
@@ -70,24 +69,17 @@ class CyclingTrack(MediaStreamTrack):
     def __init__(self, clip: EncodedClip) -> None:
         super().__init__()
         self._clip = clip
-        self._index = 0
-        self._start: float | None = None
+        self._clock = RealTimeClock()
         self.timeline = Timeline()
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        due = self._start + self._index * FRAME_SECONDS
-        if due > now:
-            await asyncio.sleep(due - now)
-        packet = av.Packet(self._clip.payloads[self._index % len(self._clip.payloads)])
-        packet.pts = self._index * FRAME_SAMPLES
+        index = await self._clock.next_frame()
+        packet = av.Packet(self._clip.payloads[index % len(self._clip.payloads)])
+        packet.pts = index * FRAME_SAMPLES
         packet.time_base = TIME_BASE
         self.timeline.append(FRAME_SAMPLES, time.monotonic())
-        self._index += 1
         return packet
 
 

@@ -26,6 +26,25 @@ FRAME_SECONDS = FRAME_SAMPLES / RTC_RATE
 PEER_BITRATE = 96_000
 
 
+class RealTimeClock:
+    """Frame ``k`` of a stream that started at its first frame is due ``k * 20 ms`` later."""
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self.frames = 0
+
+    async def next_frame(self) -> int:
+        """Wait until the next frame is due; return its index."""
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        due = self._start + self.frames * FRAME_SECONDS
+        if due > now:
+            await asyncio.sleep(due - now)
+        index, self.frames = self.frames, self.frames + 1
+        return index
+
+
 class SamplesSourceTrack(MediaStreamTrack):
     """Sends ``samples`` (48 kHz float32 mono) as Opus, 20 ms at a time, in real time.
 
@@ -46,26 +65,20 @@ class SamplesSourceTrack(MediaStreamTrack):
         self._samples = samples.astype(np.float32, copy=False)
         self._shape = shape
         self._encoder = encoder or OpusEncoder(channels=1, bitrate=PEER_BITRATE)
-        self._start: float | None = None
-        self._index = 0
+        self._clock = RealTimeClock()
         self.timeline = Timeline()
         self.sent: list[np.ndarray] = []
         self.finished = asyncio.Event()
 
     @property
     def frames_sent(self) -> int:
-        return self._index
+        return self._clock.frames
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        due = self._start + self._index * FRAME_SECONDS
-        if due > now:
-            await asyncio.sleep(due - now)
-        begin = self._index * FRAME_SAMPLES
+        index = await self._clock.next_frame()
+        begin = index * FRAME_SAMPLES
         frame = self._samples[begin : begin + FRAME_SAMPLES]
         if len(frame) < FRAME_SAMPLES:
             frame = np.pad(frame, (0, FRAME_SAMPLES - len(frame)))
@@ -75,9 +88,7 @@ class SamplesSourceTrack(MediaStreamTrack):
             frame = self._shape(frame)
         self.sent.append(frame)
         self.timeline.append(FRAME_SAMPLES, time.monotonic())
-        packet = opus_packet(self._encoder, frame, self._index * FRAME_SAMPLES)
-        self._index += 1
-        return packet
+        return opus_packet(self._encoder, frame, begin)
 
     def stop(self) -> None:
         super().stop()
