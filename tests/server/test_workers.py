@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
 
-from bench.common import free_port
+from bench.common import free_port, spawned_server
 from server.peercall import PeerCall
 from signaling.ice import restrict_host_addresses
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -27,25 +22,8 @@ def front() -> Iterator[str]:
     port = free_port()
     command = [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2"]
     command += ["--max-sessions", "3", "--engine", "echo", "--ice-host", "127.0.0.1"]
-    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "engines", timeout=2):
-                    break
-            except OSError:
-                assert process.poll() is None, "server exited"
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.3)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with spawned_server(command, port, core=None, ready_path="engines", ready_timeout=120) as s:
+        yield s.url
 
 
 async def test_sessions_spread_over_workers_and_excess_is_refused_at_once(front: str):
