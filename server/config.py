@@ -39,6 +39,26 @@ class Settings:
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     cosyvoice_model: str | None = None
     cosyvoice_src: str | None = None
+    # Security and limits.
+    auth_token: str | None = None
+    admin_token: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    cors_origins: tuple[str, ...] = ("*",)
+    rate_limit: int = 120
+    max_session_seconds: float = 3600.0
+    dc_max_message_bytes: int = 16 * 1024
+    dc_max_messages: int = 50
+    # Reliability.
+    rtp_timeout: float = 5.0
+    resume_grace: float = 20.0
+    drain_timeout: float = 30.0
+    breaker_failures: int = 5
+    breaker_cooldown: float = 30.0
+    # Deployment and operations.
+    announce_ip: str | None = None
+    rtp_port_range: tuple[int, int] | None = None
+    log_format: str = "text"
 
 
 @dataclass(frozen=True)
@@ -71,6 +91,35 @@ SERVE_FLAGS = (
     _Flag("workers", "worker processes, each with its own event loop (default: CPU count)", int),
     _Flag("cosyvoice-model", "CosyVoice2 model directory (enables cosyvoice, cosyvoice-vc)"),
     _Flag("cosyvoice-src", "upstream CosyVoice checkout to import instead of the package"),
+    _Flag("auth-token", "bearer token every signaling and session request must carry"),
+    _Flag("admin-token", "bearer token for admin routes such as the session list"),
+    _Flag("tls-cert", "PEM certificate chain: serve HTTPS (needs --tls-key)"),
+    _Flag("tls-key", "PEM private key for --tls-cert"),
+    _Flag(
+        "cors-origin",
+        "origin allowed cross-origin requests, or * (repeatable; default *)",
+        repeat=True,
+    ),
+    _Flag(
+        "rate-limit", "new sessions per client address per minute (0 = no limit; default 120)", int
+    ),
+    _Flag("max-session-seconds", "longest a session may last (0 = no limit; default 3600)", float),
+    _Flag("dc-max-message-bytes", "largest data-channel message accepted (default 16384)", int),
+    _Flag("dc-max-messages", "data-channel messages accepted per second (default 50)", int),
+    _Flag(
+        "rtp-timeout", "seconds without caller media before a session detaches (default 5)", float
+    ),
+    _Flag("resume-grace", "seconds a detached session waits to be resumed (default 20)", float),
+    _Flag("drain-timeout", "seconds live sessions may go on after SIGTERM (default 30)", float),
+    _Flag(
+        "breaker-failures",
+        "engine failures within a minute that stop new sessions (default 5)",
+        int,
+    ),
+    _Flag("breaker-cooldown", "seconds an engine stays refused after that (default 30)", float),
+    _Flag("announce-ip", "public address to put in ICE candidates (server behind 1:1 NAT)"),
+    _Flag("rtp-port-range", "UDP ports for media, LO-HI (default: any)"),
+    _Flag("log-format", "text or json (one JSON object per line) (default text)"),
 )
 
 
@@ -114,6 +163,10 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         values["ice_hosts"] = values.pop("ice_host")
     if "ice_server" in values:
         values["ice_servers"] = _parse_ice_servers(values.pop("ice_server"))
+    if "cors_origin" in values:
+        values["cors_origins"] = values.pop("cors_origin")
+    if "rtp_port_range" in values:
+        values["rtp_port_range"] = _parse_port_range(values["rtp_port_range"])
     settings = Settings(**values)
     _validate(settings)
     return settings
@@ -124,6 +177,20 @@ def _parse_ice_servers(urls: Sequence[str]) -> tuple[IceServer, ...]:
         return tuple(IceServer.parse(url) for url in urls)
     except ValueError as exc:
         raise SettingsError(f"--ice-server ({ENV_PREFIX}ICE_SERVER): {exc}") from exc
+
+
+def _parse_port_range(raw: str) -> tuple[int, int]:
+    low, _, high = raw.partition("-")
+    try:
+        ports = int(low), int(high)
+    except ValueError:
+        ports = (0, 0)
+    if not 1024 <= ports[0] <= ports[1] < 65536:
+        raise SettingsError(
+            f"--rtp-port-range ({ENV_PREFIX}RTP_PORT_RANGE) must be LO-HI within 1024-65535, "
+            f"got {raw!r}"
+        )
+    return ports
 
 
 def _validate(settings: Settings) -> None:
@@ -141,10 +208,36 @@ def _validate(settings: Settings) -> None:
         raise SettingsError(f"--max-body-bytes ({ENV_PREFIX}MAX_BODY_BYTES) must be >= 1024")
     if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise SettingsError(f"--log-level ({ENV_PREFIX}LOG_LEVEL) must be debug/info/warning/error")
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise SettingsError(
+            f"--tls-cert ({ENV_PREFIX}TLS_CERT) and --tls-key ({ENV_PREFIX}TLS_KEY) go "
+            "together: give both or neither"
+        )
+    if settings.log_format not in ("text", "json"):
+        raise SettingsError(f"--log-format ({ENV_PREFIX}LOG_FORMAT) must be text or json")
+    for name in ("rate_limit", "max_session_seconds", "breaker_failures"):
+        if getattr(settings, name) < 0:
+            flag = name.replace("_", "-")
+            raise SettingsError(f"--{flag} ({ENV_PREFIX}{name.upper()}) must be >= 0")
+    for name in ("dc_max_message_bytes", "dc_max_messages"):
+        if getattr(settings, name) < 1:
+            flag = name.replace("_", "-")
+            raise SettingsError(f"--{flag} ({ENV_PREFIX}{name.upper()}) must be at least 1")
+    for name in ("rtp_timeout", "resume_grace", "drain_timeout", "breaker_cooldown"):
+        if not 0 <= getattr(settings, name) < math.inf:
+            flag = name.replace("_", "-")
+            raise SettingsError(f"--{flag} ({ENV_PREFIX}{name.upper()}) must be >= 0 and finite")
     for address in settings.ice_hosts:
-        try:
-            ipaddress.ip_address(address)
-        except ValueError as exc:
-            raise SettingsError(
-                f"--ice-host ({ENV_PREFIX}ICE_HOST) must be an IP address, got {address!r}"
-            ) from exc
+        _require_ip(address, "ice-host")
+    if settings.announce_ip is not None:
+        _require_ip(settings.announce_ip, "announce-ip")
+
+
+def _require_ip(address: str, flag: str) -> None:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError as exc:
+        variable = ENV_PREFIX + flag.replace("-", "_").upper()
+        raise SettingsError(
+            f"--{flag} ({variable}) must be an IP address, got {address!r}"
+        ) from exc
