@@ -92,9 +92,17 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._opening = 0
         self._closing: set[asyncio.Task[None]] = set()
+        self.draining = False  # set on SIGTERM: no new sessions, live ones finish
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    @property
+    def at_capacity(self) -> bool:
+        return len(self._sessions) + self._opening >= self._settings.max_sessions
+
+    def live_sessions(self) -> list[Session]:
+        return list(self._sessions.values())
 
     def get(self, session_id: str) -> Session:
         try:
@@ -122,7 +130,7 @@ class SessionManager:
         return engine
 
     async def open_session(self, request: OfferRequest) -> OfferAnswer:
-        if len(self._sessions) + self._opening >= self._settings.max_sessions:
+        if self.at_capacity:
             raise ApiError(
                 503,
                 "at_capacity",
