@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import av
 import numpy as np
 
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.opus import OpusEncoder
 from media.pacing import FramePacer
 from media.ringbuffer import RingBuffer
-from media.tracks import OutboundAudioTrack
+from media.tracks import OutboundAudioTrack, opus_packet
 
 # An interruption fades out over the first half of the next frame: long enough not to click,
 # short enough that the track is silent 10 ms into that frame.
@@ -27,7 +28,12 @@ FrameObserver = Callable[[np.ndarray, bool], None]
 
 
 class OutboundAudio:
-    """48 kHz float32 mono in, one paced Opus frame per 20 ms out."""
+    """48 kHz float32 mono in, one paced Opus frame per 20 ms out.
+
+    It lives as long as the session; each peer connection gets its own ``track`` over it
+    (see :meth:`new_track`), so the buffer, the schedule and the encoder's state carry on
+    across a resumed connection.
+    """
 
     def __init__(
         self,
@@ -38,7 +44,27 @@ class OutboundAudio:
     ) -> None:
         self.buffer = RingBuffer(int(capacity_seconds * RTC_RATE))
         self.pacer = FramePacer(self.buffer, max_backlog=max_backlog)
-        self.track = OutboundAudioTrack(self.pacer, encoder, on_frame=on_frame)
+        self.encoder = encoder
+        self._on_frame = on_frame
+        self.frames_sent = 0
+        self.silence_sent = 0
+        self.track = OutboundAudioTrack(self)
+
+    def new_track(self) -> OutboundAudioTrack:
+        """A track for a new peer connection; the previous one stops, the schedule restarts."""
+        self.track.stop()
+        self.pacer.restart()
+        self.track = OutboundAudioTrack(self)
+        return self.track
+
+    async def next_packet(self) -> av.Packet:
+        """The next paced frame, encoded; silence when nothing is ready in its slot."""
+        samples, is_silence = await self.pacer.next_frame()
+        self.frames_sent += 1
+        self.silence_sent += is_silence
+        if self._on_frame is not None:
+            self._on_frame(samples, is_silence)
+        return opus_packet(self.encoder, samples, self.pacer.pts)
 
     def write(self, samples: np.ndarray) -> None:
         if len(samples):
@@ -73,4 +99,5 @@ class OutboundAudio:
 
     def close(self) -> None:
         self.track.stop()
+        self.encoder.close()
         self.buffer.clear()

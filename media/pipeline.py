@@ -29,6 +29,7 @@ from media.outbound import OutboundAudio
 from media.queues import DropOldestQueue
 from media.receive import AudioReceivePath, ReceiveStats, install
 from media.resample import StreamResampler
+from media.tracks import OutboundAudioTrack
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,6 @@ class TransformPipeline:
         )
         self.latency = InToOutMeter()
         self._clock = asyncio.get_running_loop().time
-        self.track = self.output.track
         self.pacer = self.output.pacer
         self._receive: AudioReceivePath | None = None
         self._frames_in = 0
@@ -108,13 +108,25 @@ class TransformPipeline:
         state = await loop.run_in_executor(executor, engine.new_state, options)
         return cls(engine, options, state, executor, encoder, session_id)
 
-    def attach(self, receiver: Any) -> None:
-        """Take the audio of an aiortc ``RTCRtpReceiver`` and start the engine worker."""
+    @property
+    def track(self) -> OutboundAudioTrack:
+        """The current connection's outgoing track."""
+        return self.output.track
+
+    def attach(self, receiver: Any) -> OutboundAudioTrack:
+        """Take the audio of an aiortc ``RTCRtpReceiver``; return the track to send back.
+
+        A resumed session attaches again, to its new connection: the engine state, queues
+        and output buffer carry on; only the receive path and the track are new.
+        """
         if self._receive is not None:
-            raise RuntimeError("pipeline already attached")
+            self._receive.close()
         self._receive = AudioReceivePath(self.feed)
         install(receiver, self._receive)
-        self._tasks = [asyncio.create_task(self._work(), name=f"engine-{self._session_id[:8]}")]
+        if not self._tasks:
+            name = f"engine-{self._session_id[:8]}"
+            self._tasks = [asyncio.create_task(self._work(), name=name)]
+        return self.output.new_track()
 
     def feed(self, pcm: np.ndarray) -> None:
         """One decoded frame (48 kHz float32 mono) from the receive path."""
@@ -139,7 +151,7 @@ class TransformPipeline:
             input_dropped=self._input.dropped,
             engine_calls=self._engine_calls,
             engine_errors=self._engine_errors,
-            frames_out=self.track.frames_sent,
+            frames_out=self.output.frames_sent,
             underruns=self.pacer.underruns,
             backlog_dropped_ms=1000 * self.pacer.backlog_dropped / RTC_RATE,
         )

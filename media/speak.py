@@ -36,6 +36,7 @@ from media.queues import DropOldestQueue
 from media.receive import AudioReceivePath, ReceiveStats, install
 from media.resample import StreamResampler
 from media.text import SentenceSplitter
+from media.tracks import OutboundAudioTrack
 from media.vad import SileroVad, SpeechDetector, SpeechEventKind
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,6 @@ class SpeakPipeline:
         self.output = OutboundAudio(
             encoder, OUTPUT_BUFFER_SECONDS, max_backlog=None, on_frame=self._on_frame_sent
         )
-        self.track = self.output.track
         self._queue: deque[Utterance] = deque()
         self._queued = asyncio.Event()
         self._open_delta: Utterance | None = None
@@ -445,14 +445,24 @@ class SpeakPipeline:
 
     # --- the caller's audio: barge-in ----------------------------------------------------
 
-    def attach(self, receiver: Any) -> None:
-        """Listen to the caller through an aiortc ``RTCRtpReceiver`` (for barge-in)."""
+    @property
+    def track(self) -> OutboundAudioTrack:
+        """The current connection's outgoing track."""
+        return self.output.track
+
+    def attach(self, receiver: Any) -> OutboundAudioTrack:
+        """Listen to the caller (for barge-in); return the track to speak on.
+
+        A resumed session attaches again: queued speech and its position carry on.
+        """
+        first = self._receive is None
         if self._receive is not None:
-            raise RuntimeError("pipeline already attached")
+            self._receive.close()
         self._receive = AudioReceivePath(self._on_caller_frame)
         install(receiver, self._receive)
-        if self._vad is not None:
+        if first and self._vad is not None:
             self._tasks.append(asyncio.create_task(self._listen_loop()))
+        return self.output.new_track()
 
     @property
     def receive_stats(self) -> ReceiveStats:

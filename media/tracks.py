@@ -12,8 +12,8 @@ nothing ready, the slot is silence.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from fractions import Fraction
+from typing import Protocol
 
 import av
 import numpy as np
@@ -21,7 +21,6 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from media.frames import RTC_RATE
 from media.opus import OpusEncoder
-from media.pacing import FramePacer
 
 TIME_BASE = Fraction(1, RTC_RATE)
 
@@ -35,36 +34,30 @@ def opus_packet(encoder: OpusEncoder, samples: np.ndarray, pts: int) -> av.Packe
     return packet
 
 
+class PacketSource(Protocol):
+    """What a track sends from: the session's paced, encoded audio, which outlives tracks."""
+
+    async def next_packet(self) -> av.Packet: ...
+
+
 class OutboundAudioTrack(MediaStreamTrack):
-    """Frames from a :class:`FramePacer`, Opus-encoded, stamped with slot-based timestamps."""
+    """One peer connection's view of a session's outgoing audio.
+
+    aiortc stops a sender's track when the connection ends, irreversibly. Sessions outlive
+    connections (a resumed session continues on a new one), so the track holds nothing but
+    its source: stopping it ends this connection's stream, not the session's audio.
+    """
 
     kind = "audio"
 
-    def __init__(
-        self,
-        pacer: FramePacer,
-        encoder: OpusEncoder,
-        on_frame: Callable[[np.ndarray, bool], None] | None = None,
-    ) -> None:
+    def __init__(self, source: PacketSource) -> None:
         super().__init__()
-        self.pacer = pacer
-        self.encoder = encoder
-        self._on_frame = on_frame
-        self.frames_sent = 0
-        self.silence_sent = 0
+        self._source = source
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
-        samples, is_silence = await self.pacer.next_frame()
+        packet = await self._source.next_packet()
         if self.readyState != "live":
             raise MediaStreamError
-        self.frames_sent += 1
-        self.silence_sent += is_silence
-        if self._on_frame is not None:
-            self._on_frame(samples, is_silence)
-        return opus_packet(self.encoder, samples, self.pacer.pts)
-
-    def stop(self) -> None:
-        super().stop()
-        self.encoder.close()
+        return packet

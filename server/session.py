@@ -79,11 +79,11 @@ class Session:
     def stats_event(self) -> dict[str, Any]:
         """The ``stats`` event: what the page charts, about once a second."""
         receive = self.pipeline.receive_stats
-        pacer = self.pipeline.track.pacer
+        pacer = self.pipeline.output.pacer
         event: dict[str, Any] = {
             "type": "stats",
             "engine_delay_ms": self.engine.delay_ms,
-            "frames_out": self.pipeline.track.frames_sent,
+            "frames_out": self.pipeline.output.frames_sent,
             "underruns": pacer.underruns,
             "packets_in": receive.packets,
             "concealed": receive.concealed,
@@ -121,7 +121,7 @@ class Session:
             "engine": self.engine.name,
             "kind": self.engine.kind.value,
             "connection_state": self.pc.connectionState,
-            "frames_out": self.pipeline.track.frames_sent,
+            "frames_out": self.pipeline.output.frames_sent,
             "receive": vars(stats),
             "stats": self.stats_event(),
         }

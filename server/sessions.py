@@ -187,9 +187,9 @@ class SessionManager:
             await pc.setRemoteDescription(RTCSessionDescription(request.sdp, "offer"))
             prefer_opus(pc)
             audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
-            pipeline.attach(audio.receiver)
+            track = pipeline.attach(audio.receiver)
             if request.summary.receives_audio:
-                pc.addTrack(pipeline.track)
+                pc.addTrack(track)
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:
             await pipeline.close()
