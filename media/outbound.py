@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import av
 import numpy as np
+from aiortc.mediastreams import MediaStreamError
 
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.opus import OpusEncoder
@@ -48,6 +49,7 @@ class OutboundAudio:
         self._on_frame = on_frame
         self.frames_sent = 0
         self.silence_sent = 0
+        self._closed = False
         self.track = OutboundAudioTrack(self)
 
     def new_track(self) -> OutboundAudioTrack:
@@ -60,11 +62,14 @@ class OutboundAudio:
     async def next_packet(self) -> av.Packet:
         """The next paced frame, encoded; silence when nothing is ready in its slot."""
         samples, is_silence = await self.pacer.next_frame()
+        if self._closed:
+            raise MediaStreamError  # the session ended while this frame waited
+        packet = opus_packet(self.encoder, samples, self.pacer.pts)
         self.frames_sent += 1
         self.silence_sent += is_silence
-        if self._on_frame is not None:
+        if self._on_frame is not None:  # told once the frame leaves: encoded
             self._on_frame(samples, is_silence)
-        return opus_packet(self.encoder, samples, self.pacer.pts)
+        return packet
 
     def write(self, samples: np.ndarray) -> None:
         if len(samples):
@@ -98,6 +103,7 @@ class OutboundAudio:
         return dropped
 
     def close(self) -> None:
+        self._closed = True
         self.track.stop()
         self.encoder.close()
         self.buffer.clear()

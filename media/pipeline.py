@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from media.engines.base import TransformEngine
+from media.events import ENGINE_FAILED, EventSink
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.latency import InToOutMeter
 from media.opus import OpusEncoder
@@ -29,6 +30,7 @@ from media.outbound import OutboundAudio
 from media.queues import DropOldestQueue
 from media.receive import AudioReceivePath, ReceiveStats, install
 from media.resample import StreamResampler
+from media.stages import TransformStages, timed_resample
 from media.tracks import OutboundAudioTrack
 
 log = logging.getLogger(__name__)
@@ -62,8 +64,10 @@ class TransformPipeline:
         executor: Executor,
         encoder: OpusEncoder,
         session_id: str = "",
+        emit: EventSink | None = None,
     ) -> None:
         self.engine = engine
+        self._emit = emit
         self.options = dict(options)
         self._state = state
         self._executor = executor
@@ -79,6 +83,7 @@ class TransformPipeline:
             on_frame=self._on_frame_sent,
         )
         self.latency = InToOutMeter()
+        self.stages = TransformStages()
         self._clock = asyncio.get_running_loop().time
         self.pacer = self.output.pacer
         self._receive: AudioReceivePath | None = None
@@ -102,11 +107,12 @@ class TransformPipeline:
         executor: Executor,
         encoder: OpusEncoder,
         session_id: str = "",
+        emit: EventSink | None = None,
     ) -> TransformPipeline:
         """Build a pipeline; the state is made off the loop (a cold state can take ~0.5 s)."""
         loop = asyncio.get_running_loop()
         state = await loop.run_in_executor(executor, engine.new_state, options)
-        return cls(engine, options, state, executor, encoder, session_id)
+        return cls(engine, options, state, executor, encoder, session_id, emit)
 
     @property
     def track(self) -> OutboundAudioTrack:
@@ -131,14 +137,21 @@ class TransformPipeline:
     def feed(self, pcm: np.ndarray) -> None:
         """One decoded frame (48 kHz float32 mono) from the receive path."""
         self._frames_in += 1
-        self.latency.arrived(len(pcm), self._clock())
-        evicted = self._input.push(self._to_engine.process(pcm))
+        fed = self._clock()
+        arrived = self._receive.arrived_at if self._receive is not None else fed
+        self.latency.arrived(len(pcm), arrived)
+        chunk, resample = timed_resample(self._to_engine, pcm)
+        evicted = self._input.push(chunk)
+        self.stages.pushed(len(pcm), arrived, fed, resample, self._clock())
         if evicted is not None:
+            self.stages.evicted()
             self.latency.dropped(round(len(evicted) * RTC_RATE / self.engine.sample_rate))
 
     def _on_frame_sent(self, samples: np.ndarray, is_silence: bool) -> None:
         if not is_silence:
-            self.latency.departed(self.output.buffer.consumed, self._clock())
+            sent, end = self._clock(), self.output.buffer.consumed
+            in_to_out = self.latency.departed(end, sent)
+            self.stages.departed(end, self.pacer.ready_at, self.pacer.taken_at, sent, in_to_out)
 
     @property
     def receive_stats(self) -> ReceiveStats:
@@ -160,23 +173,49 @@ class TransformPipeline:
         loop = asyncio.get_running_loop()
         while True:
             chunk = await self._input.get()
+            self.stages.dequeued(self._clock())
             try:
                 if self.engine.runs_inline:
                     out, self._state = self.engine.process(self._state, chunk)
                 else:
                     self._inflight = self._executor.submit(self.engine.process, self._state, chunk)
                     out, self._state = await asyncio.wrap_future(self._inflight)
-            except Exception:
+            except Exception as exc:
                 log.exception("session %s: engine %s failed", self._session_id, self.engine.name)
                 self._engine_errors += 1
-                await self._reset_state(loop)
+                await self._recover(loop, chunk, exc)
+                self._stage_produced(self._clock(), 0.0)
                 continue
+            done = self._clock()
             self._engine_calls += 1
+            resample = 0.0
             if len(out):
-                self.output.write(self._from_engine.process(out))
+                samples, resample = timed_resample(self._from_engine, out)
+                self.output.write(samples)
+            self._stage_produced(done, resample)
 
-    async def _reset_state(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Replace a failed state; the stream gets a gap (silence), the session goes on."""
+    def _stage_produced(self, done: float, resample: float) -> None:
+        self.stages.produced(done, resample, self.output.buffer.written, self._clock())
+
+    async def _recover(
+        self, loop: asyncio.AbstractEventLoop, chunk: np.ndarray, error: Exception
+    ) -> None:
+        """Replace a failed state, play silence for the lost chunk, and say so; go on.
+
+        The silence keeps the output's timing (the listener hears a short gap, not a skip),
+        and the event lets the client and the circuit breaker know.
+        """
+        silence = round(len(chunk) * RTC_RATE / self.engine.sample_rate)
+        self.output.write(np.zeros(silence, np.float32))
+        if self._emit is not None:
+            self._emit(
+                {
+                    "type": "error",
+                    "error": ENGINE_FAILED,
+                    "message": f"Engine '{self.engine.name}' failed ({type(error).__name__}); "
+                    "its state was reset and the call goes on.",
+                }
+            )
         self._state = await loop.run_in_executor(
             self._executor, self.engine.reset_state, self._state, self.options
         )

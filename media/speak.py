@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,20 +29,20 @@ import numpy as np
 
 from media.aec import EchoCanceller
 from media.engines.base import SpeakEngine
+from media.events import SYNTHESIS_FAILED, EventSink
 from media.frames import RTC_RATE
 from media.opus import OpusEncoder
 from media.outbound import FADE_SECONDS, OutboundAudio
 from media.queues import DropOldestQueue
 from media.receive import AudioReceivePath, ReceiveStats, install
 from media.resample import StreamResampler
+from media.stages import SpeakStages, timed_resample
 from media.text import SentenceSplitter
 from media.tracks import OutboundAudioTrack
 from media.vad import SileroVad, SpeechDetector, SpeechEventKind
 
 log = logging.getLogger(__name__)
 
-Event = dict[str, Any]
-EventSink = Callable[[Event], None]
 
 OUTPUT_BUFFER_SECONDS = 120.0
 # Synthesis pauses once this much speech is waiting to be played: a long text costs memory
@@ -168,6 +168,7 @@ class SpeakPipeline:
         self._room.set()
         self._next_id = 0
         self.stats = SpeakStats()
+        self.stages = SpeakStages()
         self._listen: DropOldestQueue[tuple[str, np.ndarray]] = DropOldestQueue(
             LISTEN_QUEUE_FRAMES * 2
         )
@@ -284,11 +285,13 @@ class SpeakPipeline:
             self._emit(
                 {
                     "type": "error",
-                    "error": "synthesis_failed",
-                    "message": f"Speech synthesis failed: {type(exc).__name__}.",
+                    "error": SYNTHESIS_FAILED,
+                    "message": f"Speech synthesis failed ({type(exc).__name__}); the "
+                    "utterance was cut short and the voice state reset.",
                     "id": utterance.id,
                 }
             )
+            self._state = await loop.run_in_executor(self._executor, self._fresh_state)
         if self._cancel.is_set() or utterance.finished:
             return
         self._output_tail()
@@ -297,6 +300,11 @@ class SpeakPipeline:
             utterance.start = utterance.end
             self._playing.append(utterance)
         self._advance_events()
+
+    def _fresh_state(self) -> Any:
+        """Runs in a worker thread: a failed call may have left the state half-updated."""
+        self.engine.close_state(self._state)
+        return self.engine.new_state(self.options)
 
     def _synthesise_sentence(
         self, loop: asyncio.AbstractEventLoop, utterance: Utterance, sentence: str
@@ -335,23 +343,25 @@ class SpeakPipeline:
         while True:
             began = time.perf_counter()
             chunk = next(chunks, None)
-            self.stats.synthesis_seconds += time.perf_counter() - began
+            spent = time.perf_counter() - began
+            self.stats.synthesis_seconds += spent
             if chunk is None or self._cancel.is_set():
                 return
             self.stats.synthesised_seconds += len(chunk) / self.engine.sample_rate
-            loop.call_soon_threadsafe(self._accept_chunk, utterance, chunk)
+            loop.call_soon_threadsafe(self._accept_chunk, utterance, chunk, spent)
             while not self._room.wait(timeout=0.5):
                 if self._cancel.is_set():
                     return
 
-    def _accept_chunk(self, utterance: Utterance, chunk: np.ndarray) -> None:
+    def _accept_chunk(self, utterance: Utterance, chunk: np.ndarray, synthesis: float) -> None:
         if self._cancel.is_set() or utterance.finished or self._closed:
             return
-        samples = self._to_output.process(np.asarray(chunk, dtype=np.float32))
+        samples, resample = timed_resample(self._to_output, np.asarray(chunk, dtype=np.float32))
         if utterance.start is None:
             utterance.start = self.output.buffer.written
             self._playing.append(utterance)
         self.output.write(samples)
+        self.stages.synthesised(self.output.buffer.written, synthesis, resample, self._clock())
         if self.output.buffered_seconds > MAX_AHEAD_SECONDS:
             self._room.clear()
 
@@ -360,6 +370,7 @@ class SpeakPipeline:
         tail = self._to_output.process(np.zeros(0, np.float32), last=True)
         self.output.write(tail)
         self.output.complete_frame()
+        self.stages.padded(self.output.buffer.written, self._clock())
         self._to_output.reset()
 
     # --- events follow the audio actually sent ------------------------------------------
@@ -369,9 +380,14 @@ class SpeakPipeline:
             fade = 0.0 if is_silence else FADE_SECONDS
             self.last_interrupt_ms = 1000 * (self._clock() - self._interrupted_at + fade)
             self.stats.interrupt_ms.append(round(self.last_interrupt_ms, 2))
+            self.stages.interrupt_to_silence.observe(self.last_interrupt_ms / 1000)
             self._interrupted_at = None
         if not self._room.is_set() and self.output.buffered_seconds < MAX_AHEAD_SECONDS / 2:
             self._room.set()
+        if not is_silence:
+            pacer = self.output.pacer
+            sent, end = self._clock(), self.output.buffer.consumed
+            self.stages.departed(end, pacer.ready_at, pacer.taken_at, sent)
         if self._vad is not None:
             self._listen_put("render", samples)
         self._advance_events()
@@ -388,6 +404,7 @@ class SpeakPipeline:
                 if not silent:
                     first_audio = 1000 * (self._clock() - utterance.queued_at)
                     self.stats.first_audio_ms.append(round(first_audio, 2))
+                    self.stages.first_audio.observe(first_audio / 1000)
             if utterance.end is None or sent < utterance.end:
                 return
             self._playing.popleft()
@@ -418,6 +435,7 @@ class SpeakPipeline:
         self._interrupted_at = self._clock()
         sent = self.output.buffer.consumed
         self.output.fade_out()
+        self.stages.cleared()
         self._to_output.reset()
         cut = 0
         for utterance in self._playing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection
 from media.engines.base import Engine
 from media.pipeline import TransformPipeline
 from media.speak import SpeakPipeline
+from server.channel_limits import ChannelLimits
 from server.control import ControlError, apply, decode, parse
 from server.events import EventHub
 from signaling.errors import ApiError
@@ -24,16 +26,25 @@ STATS_INTERVAL_SECONDS = 1.0
 
 @dataclass(eq=False)
 class Session:
+    """Outlives its peer connection: a detached session keeps its engine state, queues and
+    speech position until it is resumed on a new connection or its grace period ends."""
+
     id: str
     engine: Engine[Any]
-    pc: RTCPeerConnection
     pipeline: TransformPipeline | SpeakPipeline
     events: EventHub
+    resume_token: str
+    pc: RTCPeerConnection | None = None
     channel: RTCDataChannel | None = None
-    watchdog: asyncio.Task[None] | None = None
-    reporter: asyncio.Task[None] | None = None
+    receives_caller_audio: bool = True
+    detached_at: float | None = None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # lifecycle tasks
+    grace: asyncio.Task[None] | None = None
+    resumes: int = 0
+    opened_at: float = field(default_factory=time.time)  # wall clock, for the session list
     connected: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    limits: ChannelLimits = field(kw_only=True)
 
     @property
     def speaker(self) -> SpeakPipeline:
@@ -47,13 +58,23 @@ class Session:
         return self.pipeline
 
     def use_channel(self, channel: RTCDataChannel) -> None:
-        """Adopt the first data channel the client opens; later ones are ignored."""
+        """Adopt the first data channel the client opens on this connection."""
         if self.channel is not None:
             return
         self.channel = channel
         channel.on("message", self._on_message)
-        channel.on("close", self.events.detach_channel)
+        channel.on("close", lambda: self.drop_channel(channel))
         self.events.attach_channel(self._send)
+
+    def drop_channel(self, channel: RTCDataChannel | None = None) -> None:
+        """Stop using the data channel (``channel``: only if it is still the one in use)."""
+        if channel is None or channel is self.channel:
+            self.channel = None
+            self.events.detach_channel()
+
+    @property
+    def connection_state(self) -> str:
+        return "detached" if self.pc is None else self.pc.connectionState
 
     def _send(self, text: str) -> None:
         if self.channel is not None and self.channel.readyState == "open":
@@ -61,6 +82,8 @@ class Session:
 
     def _on_message(self, raw: str | bytes) -> None:
         try:
+            if not self.limits.admit(raw):
+                return
             reply = apply(parse(decode(raw)), self.speaker)
         except ControlError as exc:
             reply = exc.event()
@@ -89,6 +112,7 @@ class Session:
             "concealed": receive.concealed,
             "late_dropped": receive.late_dropped,
             "jitter_ms": receive.jitter_ms,
+            "stages_ms": self.pipeline.stages.window.summary_ms(),
         }
         if isinstance(self.pipeline, TransformPipeline):
             stats = self.pipeline.stats
@@ -120,7 +144,8 @@ class Session:
             "session_id": self.id,
             "engine": self.engine.name,
             "kind": self.engine.kind.value,
-            "connection_state": self.pc.connectionState,
+            "connection_state": self.connection_state,
+            "resumes": self.resumes,
             "frames_out": self.pipeline.output.frames_sent,
             "receive": vars(stats),
             "stats": self.stats_event(),

@@ -1,15 +1,24 @@
-"""Sessions: one peer connection, one engine state, one pipeline, and their whole lifecycle.
+"""Sessions and their whole lifecycle, across peer connections.
 
-A session is created by an offer and ends on DELETE, when its connection fails or closes,
-or when ICE has not connected within ``ice_timeout``. Ending it releases everything it
-held: tasks, the engine state (returned to the engine), buffers and the peer connection.
+A session is created by an offer; it owns one engine state, one pipeline and, while
+attached, one peer connection. When the caller's media stops (no RTP for ``rtp_timeout``
+seconds; aioice alone would notice only after ~30 s) or the connection fails, the session
+detaches: the connection goes, the engine state, queues and speech position stay, for
+``resume_grace`` seconds. An offer carrying the session id and its resume token attaches
+a new connection and the stream carries on. A session ends on DELETE, when its first
+connection never completes ICE within ``ice_timeout``, when its grace period passes, at
+``max_session_seconds``, or when the server drains. Ending it releases everything it held:
+tasks, the engine state (returned to the engine), buffers and the peer connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import math
 import secrets
+from collections.abc import Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
@@ -23,26 +32,33 @@ from media.engines.base import (
     TransformEngine,
 )
 from media.engines.registry import EngineRegistry, UnknownEngine
+from media.events import ENGINE_FAILURES, Event, EventSink
 from media.opus import Application, OpusEncoder
 from media.pipeline import TransformPipeline
 from media.speak import SpeakPipeline
 from media.vad import SileroVad
+from server.breaker import Breakers
+from server.channel_limits import ChannelLimits
 from server.config import Settings
 from server.events import EventHub
+from server.remote_candidates import add_remote_candidates, ice_session_of
 from server.session import Session
 from signaling.errors import ApiError
 from signaling.ice import rtc_configuration
-from signaling.routes import CodecRequest, OfferAnswer, OfferRequest
+from signaling.routes import CodecRequest, OfferAnswer, OfferRequest, ResumeRequest
 from signaling.sdp import OpusParameters
+from signaling.trickle import IceSession, TrickleFragment
 
 log = logging.getLogger(__name__)
 
 SESSION_ID_BYTES = 24  # 192 random bits
+RESUME_TOKEN_BYTES = 24
 RETRY_AFTER_SECONDS = 2
 # Mono at 96 kb/s keeps Opus in its CELT mode: full-band speech at a fraction of the CPU
 # of SILK/hybrid coding (measured ~0.3 ms vs ~0.6 ms per 20 ms frame here).
 DEFAULT_BITRATE = 96_000
 FEC_EXPECTED_LOSS_PERCENT = 0  # LBRR costs bits only once loss is expected
+MEDIA_CHECKS_PER_TIMEOUT = 5  # how finely the RTP-inactivity watch samples
 
 
 def opus_encoder_for(offer: OpusParameters, codec: CodecRequest) -> OpusEncoder:
@@ -73,6 +89,10 @@ def new_session_id(prefix: str = "") -> str:
     return prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
 
 
+def _token_matches(expected: str, presented: str) -> bool:
+    return hmac.compare_digest(expected.encode(), presented.encode())
+
+
 class SessionManager:
     """Owns every live session of this process; the signaling routes call into it."""
 
@@ -91,7 +111,10 @@ class SessionManager:
         self._executor = executor
         self._sessions: dict[str, Session] = {}
         self._opening = 0
-        self._closing: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self.breakers = Breakers(settings.breaker_failures, settings.breaker_cooldown)
         self.draining = False  # set on SIGTERM: no new sessions, live ones finish
 
     def __len__(self) -> int:
@@ -117,6 +140,8 @@ class SessionManager:
             "unavailable": self._registry.unavailable,
         }
 
+    # --- admission -------------------------------------------------------------------
+
     def _engine_for(self, request: OfferRequest) -> Engine[Any]:
         name = request.engine or self._settings.engine
         try:
@@ -127,9 +152,25 @@ class SessionManager:
             raise ApiError(503, "engine_unavailable", str(exc)) from exc
         if not isinstance(engine, TransformEngine | SpeakEngine):
             raise ApiError(400, "unsupported_engine", f"Engine '{name}' cannot run a call.")
+        breaker = self.breakers[engine.name]
+        if breaker.is_open:
+            wait = math.ceil(breaker.retry_after)
+            raise ApiError(
+                503,
+                "engine_circuit_open",
+                f"Engine '{name}' failed repeatedly and takes no new sessions for {wait} s.",
+                headers={"Retry-After": str(wait)},
+            )
         return engine
 
-    async def open_session(self, request: OfferRequest) -> OfferAnswer:
+    def _admit(self) -> None:
+        if self.draining:
+            raise ApiError(
+                503,
+                "draining",
+                "The server is shutting down and takes no new sessions.",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         if self.at_capacity:
             raise ApiError(
                 503,
@@ -137,11 +178,9 @@ class SessionManager:
                 "The server is at capacity; retry shortly.",
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
-        engine = self._engine_for(request)
-        try:
-            options = engine.validate_options(request.options)
-        except OptionsError as exc:
-            raise ApiError(400, "invalid_options", str(exc)) from exc
+
+    @staticmethod
+    def _require_input(engine: Engine[Any], request: OfferRequest) -> None:
         if isinstance(engine, TransformEngine) and not request.summary.sends_audio:
             raise ApiError(
                 400,
@@ -149,11 +188,25 @@ class SessionManager:
                 f"Engine '{engine.name}' transforms the caller's audio: "
                 "offer audio as sendrecv or sendonly.",
             )
+
+    async def open_session(self, request: OfferRequest) -> OfferAnswer:
+        """A new session for ``request``, or an old one resumed if it says so."""
+        if request.resume is not None:
+            return await self._resume(request, request.resume)
+        self._admit()
+        engine = self._engine_for(request)
+        try:
+            options = engine.validate_options(request.options)
+        except OptionsError as exc:
+            raise ApiError(400, "invalid_options", str(exc)) from exc
+        self._require_input(engine, request)
         self._opening += 1
         try:
             return await self._open(request, engine, options)
         finally:
             self._opening -= 1
+
+    # --- opening, attaching, resuming ------------------------------------------------
 
     async def _open(
         self, request: OfferRequest, engine: Engine[Any], options: dict[str, Any]
@@ -161,45 +214,166 @@ class SessionManager:
         session_id = new_session_id(self._id_prefix)
         encoder = opus_encoder_for(request.summary.opus, request.codec)
         events = EventHub()
+        emit = self._event_sink(engine.name, events)
         pipeline: TransformPipeline | SpeakPipeline
         if isinstance(engine, SpeakEngine):
             pipeline = await SpeakPipeline.create(
-                engine, options, self._executor, encoder, events.publish, session_id, self._vad
+                engine, options, self._executor, encoder, emit, session_id, self._vad
             )
         else:
             assert isinstance(engine, TransformEngine)
             pipeline = await TransformPipeline.create(
-                engine, options, self._executor, encoder, session_id
+                engine, options, self._executor, encoder, session_id, emit
             )
+        limits = ChannelLimits(self._settings.dc_max_message_bytes, self._settings.dc_max_messages)
+        session = Session(
+            session_id,
+            engine,
+            pipeline,
+            events,
+            secrets.token_urlsafe(RESUME_TOKEN_BYTES),
+            receives_caller_audio=request.summary.sends_audio,
+            limits=limits,
+        )
+        try:
+            answer = await self._connect(session, request)
+        except ApiError:
+            await pipeline.close()
+            raise
+        self._sessions[session_id] = session
+        self._empty.clear()
+        self._start(session, self._await_connection(session))
+        self._start(session, session.report_stats())
+        if session.receives_caller_audio and self._settings.rtp_timeout > 0:
+            self._start(session, self._watch_media(session))
+        if self._settings.max_session_seconds > 0:
+            self._start(session, self._expire(session))
+        log.info("session %s: opened with engine %s", session_id, engine.name)
+        return OfferAnswer(answer, session_id, session.resume_token)
+
+    def _event_sink(self, engine: str, events: EventHub) -> EventSink:
+        """Publish a session's events; engine failures also count towards its breaker."""
+        breaker = self.breakers[engine]
+
+        def publish(event: Event) -> None:
+            if event.get("type") == "error" and event.get("error") in ENGINE_FAILURES:
+                breaker.record_failure()
+            events.publish(event)
+
+        return publish
+
+    async def _connect(self, session: Session, request: OfferRequest) -> str:
+        """Give ``session`` a new peer connection for ``request``'s offer; return the answer."""
         pc = RTCPeerConnection(rtc_configuration(self._settings.ice_servers))
-        session = Session(session_id, engine, pc, pipeline, events)
         pc.on("datachannel", session.use_channel)
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
-            log.info("session %s: connection %s", session_id, pc.connectionState)
+            if session.pc is not pc:
+                return  # a connection the session has already left
+            log.info("session %s: connection %s", session.id, pc.connectionState)
             if pc.connectionState == "connected":
-                session.connected.set()
-            if pc.connectionState in ("failed", "closed"):
-                self._close_soon(session_id)
+                self._connected(session)
+            elif pc.connectionState == "failed":
+                self._spawn(self._lose_connection(session, "the connection failed"))
+            elif pc.connectionState == "closed":
+                self._close_soon(session.id)
 
         try:
             await pc.setRemoteDescription(RTCSessionDescription(request.sdp, "offer"))
             prefer_opus(pc)
             audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
-            track = pipeline.attach(audio.receiver)
+            track = session.pipeline.attach(audio.receiver)
             if request.summary.receives_audio:
                 pc.addTrack(track)
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:
-            await pipeline.close()
             await pc.close()
+            if isinstance(exc, ApiError):
+                raise  # already says what went wrong (no free media port, ...)
             raise ApiError(400, "sdp_rejected", f"The offer was rejected: {exc}") from exc
-        self._sessions[session_id] = session
-        session.watchdog = asyncio.create_task(self._await_connection(session))
-        session.reporter = asyncio.create_task(session.report_stats())
-        log.info("session %s: opened with engine %s", session_id, engine.name)
-        return OfferAnswer(pc.localDescription.sdp, session_id)
+        session.pc = pc
+        return pc.localDescription.sdp
+
+    def _connected(self, session: Session) -> None:
+        session.connected.set()
+        if session.detached_at is None:
+            return
+        session.detached_at = None
+        if session.grace is not None:
+            session.grace.cancel()
+            session.grace = None
+        session.events.publish({"type": "resumed", "resumes": session.resumes})
+        log.info("session %s: resumed", session.id)
+
+    async def _resume(self, request: OfferRequest, resume: ResumeRequest) -> OfferAnswer:
+        """Attach a new connection to a live or detached session that the token unlocks."""
+        session = self._sessions.get(resume.session_id)
+        if session is None:
+            raise ApiError(
+                404,
+                "session_not_found",
+                "No session to resume by that id: it ended or its grace period passed.",
+            )
+        if not _token_matches(session.resume_token, resume.token):
+            raise ApiError(403, "invalid_resume_token", "The resume token does not match.")
+        if request.engine not in (None, session.engine.name):
+            raise ApiError(
+                400,
+                "resume_engine_mismatch",
+                f"Session runs engine '{session.engine.name}', not '{request.engine}'.",
+            )
+        self._require_input(session.engine, request)
+        if session.pc is not None:
+            await self._detach(session, "a new connection resumes it")
+        answer = await self._connect(session, request)
+        session.resume_token = secrets.token_urlsafe(RESUME_TOKEN_BYTES)  # one use each
+        session.resumes += 1
+        return OfferAnswer(answer, session.id, session.resume_token)
+
+    # --- detaching ---------------------------------------------------------------------
+
+    async def _lose_connection(self, session: Session, why: str) -> None:
+        """The peer is gone: keep the session for a resume, or end it if none is allowed."""
+        if self._settings.resume_grace > 0:
+            await self._detach(session, why)
+        else:
+            log.info("session %s: %s, closing", session.id, why)
+            await self._close_if_open(session.id)
+
+    async def _detach(self, session: Session, why: str) -> None:
+        pc = session.pc
+        if pc is None:
+            return
+        session.pc = None
+        session.connected.clear()
+        session.drop_channel()
+        if session.detached_at is None:
+            session.detached_at = asyncio.get_running_loop().time()
+            grace = self._settings.resume_grace
+            session.grace = asyncio.create_task(self._reclaim_after_grace(session))
+            session.events.publish({"type": "detached", "reason": why, "resume_within_s": grace})
+            log.info("session %s: detached (%s), resumable for %.0f s", session.id, why, grace)
+        await pc.close()
+
+    async def _reclaim_after_grace(self, session: Session) -> None:
+        await asyncio.sleep(self._settings.resume_grace)
+        session.grace = None
+        log.info("session %s: not resumed within its grace period", session.id)
+        await self._close_if_open(session.id)
+
+    # --- lifecycle tasks ---------------------------------------------------------------
+
+    def _start(self, session: Session, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        session.tasks.add(task)
+        task.add_done_callback(session.tasks.discard)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` detached from any session task (it may close that session)."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _await_connection(self, session: Session) -> None:
         """Close a session whose peer never completes ICE (it would hold a slot forever)."""
@@ -211,10 +385,36 @@ class SessionManager:
             log.info("session %s: not connected after %.0f s, closing", session.id, deadline)
             self._close_soon(session.id)
 
+    async def _watch_media(self, session: Session) -> None:
+        """Detach a connected session whose caller has sent no RTP for ``rtp_timeout``."""
+        timeout = self._settings.rtp_timeout
+        loop = asyncio.get_running_loop()
+        seen: tuple[object, int] | None = None
+        quiet_since = loop.time()
+        while True:
+            await asyncio.sleep(timeout / MEDIA_CHECKS_PER_TIMEOUT)
+            if session.pc is None or not session.connected.is_set():
+                seen = None
+                continue
+            now = (session.pc, session.pipeline.receive_stats.packets)
+            if now != seen:
+                seen, quiet_since = now, loop.time()
+            elif loop.time() - quiet_since >= timeout:
+                seen = None
+                why = f"no media for {timeout:g} s"
+                self._spawn(self._lose_connection(session, why))
+
+    async def _expire(self, session: Session) -> None:
+        limit = self._settings.max_session_seconds
+        await asyncio.sleep(limit)
+        session.events.publish({"type": "session_ended", "reason": "max_duration"})
+        log.info("session %s: reached the %.0f s limit, closing", session.id, limit)
+        self._close_soon(session.id)
+
+    # --- closing -----------------------------------------------------------------------
+
     def _close_soon(self, session_id: str) -> None:
-        task = asyncio.create_task(self._close_if_open(session_id))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._spawn(self._close_if_open(session_id))
 
     async def _close_if_open(self, session_id: str) -> None:
         if session_id in self._sessions:
@@ -224,17 +424,60 @@ class SessionManager:
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise ApiError(404, "session_not_found", "No live session has that id.")
-        for task in (session.watchdog, session.reporter):
-            if task is not None and task is not asyncio.current_task():
+        if not self._sessions:
+            self._empty.set()
+        current = asyncio.current_task()
+        for task in (*session.tasks, session.grace):
+            if task is not None and task is not current:
                 task.cancel()
         await session.pipeline.close()
         session.events.close()
-        await session.pc.close()
+        if session.pc is not None:
+            pc, session.pc = session.pc, None
+            await pc.close()
         session.closed.set()
         log.info("session %s: closed", session_id)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop admitting; let live sessions end by themselves for up to ``timeout`` s.
+
+        Clients hear about it (a ``server_draining`` event) so they can finish and hang
+        up; whatever is still live at the deadline is closed cleanly.
+        """
+        self.draining = True
+        for session in self._sessions.values():
+            session.events.publish({"type": "server_draining", "deadline_s": timeout})
+        if self._sessions:
+            log.info("draining %d sessions for up to %.0f s", len(self._sessions), timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._empty.wait()
+        except TimeoutError:
+            log.info("drain timeout: closing %d sessions", len(self._sessions))
+        await self.close_all()
 
     async def close_all(self) -> None:
         for session_id in list(self._sessions):
             await self.close_session(session_id)
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # --- trickle ICE -------------------------------------------------------------------
+
+    def _attached_pc(self, session_id: str) -> RTCPeerConnection:
+        pc = self.get(session_id).pc
+        if pc is None:
+            raise ApiError(
+                409,
+                "session_detached",
+                "The session has no connection now; resume it with a new offer.",
+            )
+        return pc
+
+    def ice_session(self, session_id: str) -> IceSession:
+        """What a trickle PATCH is checked against: the answer and the client's credentials."""
+        return ice_session_of(self._attached_pc(session_id))
+
+    async def add_remote_candidates(self, session_id: str, fragment: TrickleFragment) -> None:
+        """Give the session's connection the candidates its client trickled."""
+        await add_remote_candidates(self._attached_pc(session_id), fragment)

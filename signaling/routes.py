@@ -15,14 +15,23 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from signaling.auth import is_authorized
+from signaling.bodies import read_body
+from signaling.cors import ALLOWED_HEADERS, PREFLIGHT_MAX_AGE_SECONDS
 from signaling.errors import ApiError
 from signaling.ice import IceServer
 from signaling.sdp import OfferSummary, inspect_offer
+from signaling.trickle import (
+    TRICKLE_TYPE,
+    IceSession,
+    TrickleFragment,
+    check_if_match,
+    parse_sdpfrag,
+)
 
 SDP_TYPE = "application/sdp"
 JSON_TYPE = "application/json"
 WHIP_SESSION_PATH = "/whip/sessions/{session_id}"
-CORS_EXPOSED = "Location, ETag, Link, Accept-Post, Retry-After"
 
 
 APPLICATIONS = ("voip", "audio", "restricted_lowdelay")
@@ -72,6 +81,27 @@ class CodecRequest:
 
 
 @dataclass(frozen=True)
+class ResumeRequest:
+    """An offer's claim to continue a detached session: its id and its resume token."""
+
+    session_id: str
+    token: str
+
+    @classmethod
+    def parse(cls, raw: Any) -> ResumeRequest | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise ApiError(400, "invalid_resume", "Field 'resume' must be a JSON object.")
+        session_id, token = raw.get("session_id"), raw.get("token")
+        if not isinstance(session_id, str) or not isinstance(token, str):
+            raise ApiError(
+                400, "invalid_resume", "Field 'resume' needs string 'session_id' and 'token'."
+            )
+        return cls(session_id, token)
+
+
+@dataclass(frozen=True)
 class OfferRequest:
     """A validated offer, as the session host receives it."""
 
@@ -81,12 +111,14 @@ class OfferRequest:
     options: dict[str, Any] = field(default_factory=dict)
     codec: CodecRequest = CodecRequest()
     whip: bool = False
+    resume: ResumeRequest | None = None
 
 
 @dataclass(frozen=True)
 class OfferAnswer:
     sdp: str
     session_id: str
+    resume_token: str = ""  # what a later offer presents to resume this session
 
 
 class SessionHost(Protocol):
@@ -101,6 +133,12 @@ class SessionHost(Protocol):
     def engines_document(self) -> dict[str, Any]:
         """The body of ``GET /engines``."""
 
+    def ice_session(self, session_id: str) -> IceSession:
+        """The session's answer and the client's ICE credentials; :class:`ApiError` 404."""
+
+    async def add_remote_candidates(self, session_id: str, fragment: TrickleFragment) -> None:
+        """Hand trickled candidates to the session's connection; :class:`ApiError` 404."""
+
 
 def _require_content_type(request: web.Request, expected: str) -> None:
     if request.content_type != expected:
@@ -109,18 +147,16 @@ def _require_content_type(request: web.Request, expected: str) -> None:
 
 
 async def _read_text(request: web.Request, limit: int) -> str:
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "payload_too_large", f"The body is over the {limit}-byte limit.")
-    body = await request.read()
-    if len(body) > limit:
-        raise ApiError(413, "payload_too_large", f"The body is over the {limit}-byte limit.")
+    body = await read_body(request, limit)
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ApiError(400, "invalid_encoding", "The body must be UTF-8 text.") from exc
 
 
-def _parse_offer_json(text: str) -> tuple[str, str | None, dict[str, Any], CodecRequest]:
+def _parse_offer_json(
+    text: str,
+) -> tuple[str, str | None, dict[str, Any], CodecRequest, ResumeRequest | None]:
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -140,7 +176,8 @@ def _parse_offer_json(text: str) -> tuple[str, str | None, dict[str, Any], Codec
         options = {}
     if not isinstance(options, dict):
         raise ApiError(400, "invalid_options", "Field 'options' must be a JSON object.")
-    return sdp, engine, options, CodecRequest.parse(payload.get("codec"))
+    codec = CodecRequest.parse(payload.get("codec"))
+    return sdp, engine, options, codec, ResumeRequest.parse(payload.get("resume"))
 
 
 def _etag(answer_sdp: str) -> str:
@@ -164,12 +201,10 @@ class SignalingRoutes:
         host: SessionHost,
         ice_servers: Sequence[IceServer] = (),
         max_body_bytes: int = 64 * 1024,
-        cors_origin: str = "*",
     ) -> None:
         self._host = host
         self._ice_servers = list(ice_servers)
         self._max_body = max_body_bytes
-        self._cors_origin = cors_origin
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/engines", self.engines)
@@ -179,6 +214,7 @@ class SignalingRoutes:
             app.router.add_post(path, self.whip_publish)
             app.router.add_route("OPTIONS", path, self.whip_options)
         app.router.add_delete(WHIP_SESSION_PATH, self.delete_session)
+        app.router.add_patch(WHIP_SESSION_PATH, self.whip_trickle)
         app.router.add_route("OPTIONS", WHIP_SESSION_PATH, self.whip_options)
 
     async def engines(self, request: web.Request) -> web.Response:
@@ -186,13 +222,24 @@ class SignalingRoutes:
 
     async def offer(self, request: web.Request) -> web.Response:
         _require_content_type(request, JSON_TYPE)
-        sdp, engine, options, codec = _parse_offer_json(await _read_text(request, self._max_body))
+        text = await _read_text(request, self._max_body)
+        sdp, engine, options, codec, resume = _parse_offer_json(text)
         offer = OfferRequest(
-            sdp=sdp, summary=inspect_offer(sdp), engine=engine, options=options, codec=codec
+            sdp=sdp,
+            summary=inspect_offer(sdp),
+            engine=engine,
+            options=options,
+            codec=codec,
+            resume=resume,
         )
         answer = await self._host.open_session(offer)
         return web.json_response(
-            {"sdp": answer.sdp, "type": "answer", "session_id": answer.session_id}
+            {
+                "sdp": answer.sdp,
+                "type": "answer",
+                "session_id": answer.session_id,
+                "resume_token": answer.resume_token,
+            }
         )
 
     async def whip_publish(self, request: web.Request) -> web.Response:
@@ -207,32 +254,64 @@ class SignalingRoutes:
         )
         answer = await self._host.open_session(offer)
         location = WHIP_SESSION_PATH.format(session_id=answer.session_id)
-        headers = {"Location": location, "ETag": _etag(answer.sdp), **self._cors_headers()}
+        headers = {"Location": location, "ETag": _etag(answer.sdp)}
         response = web.Response(status=201, text=answer.sdp, content_type=SDP_TYPE, headers=headers)
         for server in self._ice_servers:
             response.headers.add("Link", server.link_header())
         return response
 
     async def whip_options(self, request: web.Request) -> web.Response:
-        """CORS preflight, plus the ICE servers a client may use before it offers."""
+        """CORS preflight, plus the ICE servers a client may use before it offers.
+
+        The origin headers are added by the CORS policy (signaling/cors.py). A preflight
+        carries no credentials, so the ICE servers (TURN passwords) are only listed for a
+        request whose token is good, or when the server asks for none.
+        """
         headers = {
-            **self._cors_headers(),
             "Access-Control-Allow-Methods": "POST, PATCH, DELETE, OPTIONS",
-            "Access-Control-Allow-Headers": "Content-Type, Authorization, If-Match",
-            "Access-Control-Max-Age": "600",
+            "Access-Control-Allow-Headers": ALLOWED_HEADERS,
+            "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_SECONDS),
             "Accept-Post": SDP_TYPE,
         }
+        if "session_id" in request.match_info:
+            headers["Accept-Patch"] = TRICKLE_TYPE  # RFC 5789 section 3.1
         response = web.Response(status=204, headers=headers)
-        for server in self._ice_servers:
-            response.headers.add("Link", server.link_header())
+        if is_authorized(request):
+            for server in self._ice_servers:
+                response.headers.add("Link", server.link_header())
         return response
 
     async def delete_session(self, request: web.Request) -> web.Response:
         await self._host.close_session(request.match_info["session_id"])
-        return web.Response(status=200, headers=self._cors_headers())
+        return web.Response(status=200)
 
-    def _cors_headers(self) -> dict[str, str]:
-        return {
-            "Access-Control-Allow-Origin": self._cors_origin,
-            "Access-Control-Expose-Headers": CORS_EXPOSED,
-        }
+    async def whip_trickle(self, request: web.Request) -> web.Response:
+        """Trickle ICE (RFC 9725 section 4.3.2): the client's later candidates; 204.
+
+        Checked in RFC 9110 section 13.2.2's order: the session (404), its entity tag
+        (428 without ``If-Match``, 412 when stale), then the fragment (400). New ICE
+        credentials ask for an ICE restart, which aiortc cannot do: RFC 9725 section 4.3.1
+        prescribes 422 for a session that supports trickle ICE but not restarts, and
+        section 4.3.3 keeps the session and its ICE session going.
+        """
+        if request.content_type != TRICKLE_TYPE:
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"Send {TRICKLE_TYPE} (got {request.content_type or 'none'}).",
+                headers={"Accept-Patch": TRICKLE_TYPE},  # RFC 5789 section 2.2
+            )
+        text = await _read_text(request, self._max_body)
+        session_id = request.match_info["session_id"]
+        ice = self._host.ice_session(session_id)
+        check_if_match(request.headers.get("If-Match"), _etag(ice.answer_sdp))
+        fragment = parse_sdpfrag(text)
+        if fragment.restarts_ice(ice.remote):
+            raise ApiError(
+                422,
+                "ice_restart_unsupported",
+                "This server cannot restart ICE; the current ICE session goes on. "
+                "Offer again (POST) for a new session.",
+            )
+        await self._host.add_remote_candidates(session_id, fragment)
+        return web.Response(status=204)
