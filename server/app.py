@@ -15,12 +15,13 @@ from aiohttp import web
 
 from media.engines.registry import EngineRegistry
 from media.vad import SileroVad, VadUnavailable
-from server import prompt_routes
+from server import observability, prompt_routes
 from server.config import Settings
+from server.security import protect
 from server.session_routes import SessionRoutes
 from server.sessions import SessionManager
 from signaling.errors import json_errors
-from signaling.ice import restrict_host_addresses
+from signaling.ice import announce_host_address, bind_host_ports, restrict_host_addresses
 from signaling.routes import SignalingRoutes
 
 log = logging.getLogger(__name__)
@@ -67,17 +68,27 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def register_page(app: web.Application) -> None:
-    """``/healthz`` and the page's files.
+def register_page(app: web.Application) -> frozenset[str]:
+    """``/healthz`` and the page's files; returns the page's paths, which need no token.
 
     One route per page file, not a static catch-all at "/": that would answer every unknown
-    path itself (an empty, non-JSON 404 for GET, 405 for other methods).
+    path itself (an empty, non-JSON 404 for GET, 405 for other methods), and no request path
+    can name a file outside web/. Hidden files (an editor's swap file) are not served.
     """
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/", file_handler(WEB_DIR / "index.html"))
+    pages = {"/": WEB_DIR / "index.html"}
     for path in sorted(WEB_DIR.iterdir()):
-        if path.is_file():
-            app.router.add_get(f"/{path.name}", file_handler(path))
+        if path.is_file() and not path.name.startswith("."):
+            pages[f"/{path.name}"] = path
+    for route, path in pages.items():
+        app.router.add_get(route, file_handler(path))
+    return frozenset(pages)
+
+
+async def drain_sessions(app: web.Application) -> None:
+    """On SIGTERM: refuse new sessions, let live ones finish up to the drain timeout."""
+    server = app[SERVER_KEY]
+    await server.sessions.drain(server.settings.drain_timeout)
 
 
 def create_app(
@@ -95,13 +106,16 @@ def create_app(
             f"unavailable: {registry.unavailable or 'none'})"
         )
     restrict_host_addresses(settings.ice_hosts)
+    bind_host_ports(settings.rtp_port_range)
+    announce_host_address(settings.announce_ip)
     server = Server(settings, registry, id_prefix)
     app = web.Application(middlewares=[json_errors], client_max_size=settings.max_body_bytes)
     app[SERVER_KEY] = server
     SignalingRoutes(server.sessions, settings.ice_servers, settings.max_body_bytes).register(app)
     SessionRoutes(server.sessions).register(app)
     prompt_routes.register(app, server.sessions)
-    register_page(app)
+    protect(app, settings, register_page(app))
+    observability.register(app, server.sessions, settings, registry.names)
 
     async def on_shutdown(app: web.Application) -> None:
         await server.close()

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
-
 from media.engines.registry import EngineRegistry
 from server.config import Settings, SettingsError, add_serve_arguments, settings_from
+from server.logs import configure_logging
+from server.runner import serve_tcp
 
 
 def load_engines(settings: Settings) -> EngineRegistry:
@@ -23,25 +22,26 @@ def load_engines(settings: Settings) -> EngineRegistry:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from server.tls import tls_context
+
     try:
         settings = settings_from(args)
+        tls = tls_context(settings)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings)
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    url = f"http://{shown_host}:{settings.port}/"
+    url = f"{'https' if tls else 'http'}://{shown_host}:{settings.port}/"
     if settings.workers > 1:
-        from server.front import create_front_app
+        from server.front import create_front_app, drain_front
 
         app = create_front_app(settings, args.passthrough)
         print(f"cosyrtc is running: open {url} ({settings.workers} workers)", flush=True)
-        web.run_app(app, host=settings.host, port=settings.port, print=None)
+        serve_tcp(app, settings.host, settings.port, drain_front, tls)
         return 0
     registry = load_engines(settings)
-    from server.app import create_app
+    from server.app import create_app, drain_sessions
 
     try:
         app = create_app(settings, registry)
@@ -49,17 +49,14 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"cosyrtc is running: open {url} (engines: {', '.join(registry.names)})", flush=True)
-    web.run_app(app, host=settings.host, port=settings.port, print=None)
+    serve_tcp(app, settings.host, settings.port, drain_sessions, tls)
     registry.close()
     return 0
 
 
 def _worker(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s worker{args.index} %(name)s: %(message)s",
-    )
+    configure_logging(settings, worker=args.index)
     from server.worker import run_worker
 
     return run_worker(settings, args.index, args.socket)

@@ -16,9 +16,10 @@ import time
 
 from aiohttp import web
 
-from server.app import SERVER_KEY, create_app
+from server.app import SERVER_KEY, create_app, drain_sessions
 from server.cli import load_engines
 from server.config import Settings
+from server.runner import serve_unix
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,6 @@ def run_worker(settings: Settings, index: int, socket_path: str) -> int:
         )
 
     app.router.add_get("/internal/load", load)
-    # The front logs every request it forwards; the worker does not repeat them.
-    web.run_app(app, path=socket_path, print=None, handle_signals=True, access_log=None)
+    serve_unix(app, socket_path, drain_sessions)
     registry.close()
     return 0

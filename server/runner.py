@@ -1,0 +1,78 @@
+"""Serving an app until SIGTERM or SIGINT, draining live sessions before it stops.
+
+aiohttp's ``run_app`` closes the listening socket first and then cancels what is running,
+so a deploy would cut every call mid-sentence and new offers would meet a refused
+connection instead of a clear 503. Here the first signal starts the app's drain (stop
+admitting, let sessions finish up to the drain timeout) while the socket stays open for
+the live sessions' requests; a second signal skips the rest of the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.log import access_logger
+
+log = logging.getLogger(__name__)
+
+Drain = Callable[[web.Application], Awaitable[None]]
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def _serve_until_signalled(
+    app: web.Application,
+    make_site: Callable[[web.AppRunner], web.BaseSite],
+    drain: Drain,
+    access_log: logging.Logger | None,
+) -> None:
+    loop = asyncio.get_running_loop()
+    signalled = asyncio.Event()
+    for signum in SHUTDOWN_SIGNALS:
+        loop.add_signal_handler(signum, signalled.set)
+    runner = web.AppRunner(app, handle_signals=False, access_log=access_log)
+    await runner.setup()
+    try:
+        await make_site(runner).start()
+        await signalled.wait()
+        signalled.clear()
+        log.info("shutting down: draining")
+        draining = asyncio.create_task(drain(app))
+        hurry = asyncio.create_task(signalled.wait())
+        await asyncio.wait({draining, hurry}, return_when=asyncio.FIRST_COMPLETED)
+        if not draining.done():
+            log.info("second signal: not waiting for the drain")
+            draining.cancel()
+        hurry.cancel()
+        await asyncio.gather(draining, hurry, return_exceptions=True)
+    finally:
+        for signum in SHUTDOWN_SIGNALS:
+            loop.remove_signal_handler(signum)
+        await runner.cleanup()
+
+
+def serve_tcp(
+    app: web.Application,
+    host: str,
+    port: int,
+    drain: Drain,
+    ssl_context: ssl.SSLContext | None = None,
+) -> None:
+    """Serve on ``host:port`` (HTTPS with ``ssl_context``) until signalled, then drain."""
+
+    def site(runner: web.AppRunner) -> web.BaseSite:
+        return web.TCPSite(runner, host, port, ssl_context=ssl_context)
+
+    asyncio.run(_serve_until_signalled(app, site, drain, access_logger))
+
+
+def serve_unix(app: web.Application, path: str, drain: Drain) -> None:
+    """Serve on a Unix socket (a worker behind the front) until signalled, then drain.
+
+    No access log: the front logs every request it forwards.
+    """
+    asyncio.run(_serve_until_signalled(app, lambda runner: web.UnixSite(runner, path), drain, None))
