@@ -1,13 +1,21 @@
 """Capacity: sessions per server core, ours against a stock aiortc echo server, in one run.
 
-    .venv/bin/python -m bench.capacity [--levels 10 20 40 60 80] [--engines echo denoise]
-                                       [--servers ours stock] [--seconds 10]
+    .venv/bin/python -m bench.capacity [--levels 10 20 30 40 50 60 70 80]
+                                       [--denoise-levels 1 2 3 4 6]
+                                       [--engines echo denoise] [--servers ours stock]
+                                       [--seconds 10] [--no-overload]
 
 Each server runs pinned to core 0 and this client to core 1, so figures are per server
 core. At each level the client holds that many calls: load callers send pre-encoded speech
-and only count what comes back; three probe callers per level send chirp markers and
+and only count what comes back; up to three probe callers per level send chirp markers and
 decode, giving RTT. Per level: RTT p50/p95, packets lost, server CPU and RSS, client CPU.
 A level is held when RTT p95 <= 100 ms, loss < 1 % and RTT does not grow during the level.
+Echo and denoise have their own level lists: a denoise stream costs several echo streams.
+
+Overload (our server only): once the sweep has found the highest level held H for an
+engine, a fresh server started with ``--max-sessions H`` holds H calls and is offered H
+more, spread over one measuring window. Each extra offer should be refused within 50 ms
+(503 with Retry-After) while the admitted calls keep RTT p95 <= 150 ms.
 Writes bench/results/capacity.json and bench/results/capacity.png.
 """
 
@@ -19,6 +27,8 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -34,6 +44,7 @@ from bench.common import (
     write_results,
 )
 from bench.loadclient import EncodedClip, LoadCaller
+from bench.overload import offer_spread, real_offers, summarise
 from signaling.ice import restrict_host_addresses
 from tests.speech import speech_with_pauses
 
@@ -43,35 +54,57 @@ CONNECT_BATCH = 5
 HELD_RTT_P95_MS = 100.0
 HELD_LOSS = 0.01
 GROWTH_MS = 20.0  # second-half p95 above first-half p95 by more than this: latency grows
+OVERLOAD_REFUSAL_MS = 50.0
+OVERLOAD_RTT_P95_MS = 150.0
+UNCAPPED_SESSIONS = 1000  # the sweep's servers admit every level it tries
 
 
-def server_command(kind: str, port: int, engine: str) -> list[str]:
+def server_command(kind: str, port: int, engine: str, max_sessions: int) -> list[str]:
+    """The server under test; ours single-process (one core), without a per-address limit.
+
+    Every caller comes from 127.0.0.1, so the per-address rate limit would refuse the
+    sweep's own connections.
+    """
     if kind == "stock":
         return [sys.executable, "-m", "bench.stock_server", "--port", str(port)]
     return [
         sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--ice-host", "127.0.0.1", "--engine", engine, "--max-sessions", "1000",
-        "--engine-threads", "1", "--workers", "1",
+        "--ice-host", "127.0.0.1", "--engine", engine, "--max-sessions", str(max_sessions),
+        "--engine-threads", "1", "--workers", "1", "--rate-limit", "0",
     ]  # fmt: skip
 
 
-async def run_level(
-    url: str,
-    engine: str,
-    callers: list[LoadCaller],
-    level: int,
-    load_clip: EncodedClip,
-    probe_clip: EncodedClip,
-    http: aiohttp.ClientSession,
-    pid: int,
-    seconds: float,
-) -> dict[str, Any]:
-    wanted_load = level - PROBES
-    new = [
-        LoadCaller(url, engine, load_clip, probe=False)
-        for _ in range(wanted_load - len([c for c in callers if not c.probe]))
-    ]
-    new += [LoadCaller(url, engine, probe_clip, probe=True) for _ in range(PROBES)]
+def probes_for(level: int) -> int:
+    """Probe callers at a level: three, or every caller of a level below that."""
+    return min(PROBES, level)
+
+
+@dataclass(frozen=True)
+class Clips:
+    """Speech encoded once: plain for load callers, with chirp markers for probes."""
+
+    load: EncodedClip
+    probe: EncodedClip
+
+    @classmethod
+    def make(cls) -> Clips:
+        speech = speech_with_pauses().clean
+        return cls(
+            EncodedClip.encode(speech, with_markers=False),
+            EncodedClip.encode(speech, with_markers=True),
+        )
+
+
+async def open_callers(
+    url: str, engine: str, loads: int, probes: int, clips: Clips, http: aiohttp.ClientSession
+) -> tuple[list[LoadCaller], int]:
+    """Connect ``loads`` load and ``probes`` probe callers, a few at a time.
+
+    Returns the connected callers and how many failed (those are closed already).
+    """
+    new = [LoadCaller(url, engine, clips.load, probe=False) for _ in range(loads)]
+    new += [LoadCaller(url, engine, clips.probe, probe=True) for _ in range(probes)]
+    connected: list[LoadCaller] = []
     failed = 0
     for start in range(0, len(new), CONNECT_BATCH):
         batch = new[start : start + CONNECT_BATCH]
@@ -81,18 +114,28 @@ async def run_level(
                 failed += 1
                 await caller.close(None)
             else:
-                callers.append(caller)
-    await asyncio.sleep(SETTLE_S)
-    probes = [c for c in callers if c.probe][-PROBES:]
-    loads = [c for c in callers if not c.probe]
-    packets_before = sum(c.packets_received for c in loads)
+                connected.append(caller)
+    return connected, failed
+
+
+async def measure(
+    callers: list[LoadCaller], pid: int, seconds: float, during: Awaitable[Any] | None = None
+) -> tuple[dict[str, Any], Any]:
+    """RTT, loss and CPU over one window of ``seconds``, with ``during`` running inside it.
+
+    Returns the row's measurements and what ``during`` returned.
+    """
+    probes = [c for c in callers if c.probe]
+    packets_before = sum(c.packets_received for c in callers)
     cpu_before, client_before, t0 = process_cpu_seconds(pid), time.process_time(), time.monotonic()
+    side = asyncio.ensure_future(during) if during is not None else None
     await asyncio.sleep(seconds)
+    side_result = await side if side is not None else None
     elapsed = time.monotonic() - t0
     server_cpu = (process_cpu_seconds(pid) - cpu_before) / elapsed
     client_cpu = (time.process_time() - client_before) / elapsed
-    packets = sum(c.packets_received for c in loads) - packets_before
-    expected = len(loads) * elapsed * 50
+    packets = sum(c.packets_received for c in callers) - packets_before
+    expected = len(callers) * elapsed * 50
     first_half: list[float] = []
     second_half: list[float] = []
     for probe in probes:
@@ -101,12 +144,8 @@ async def run_level(
         first_half += whole[: len(whole) - len(late)]
         second_half += late
     rtts = first_half + second_half
-    for probe in probes:  # probes are replaced each level: their recordings grow
-        callers.remove(probe)
-        await probe.close(http)
-    return {
-        "sessions": len(loads) + len(probes),
-        "connect_failures": failed,
+    row = {
+        "sessions": len(callers),
         "rtt_ms_p50": percentile(rtts, 50),
         "rtt_ms_p95": percentile(rtts, 95),
         "rtt_samples": len(rtts),
@@ -120,6 +159,30 @@ async def run_level(
         "server_rss_mb": round(process_rss_bytes(pid) / 2**20, 1),
         "client_cpu": round(client_cpu, 3),
     }
+    return row, side_result
+
+
+async def run_level(
+    url: str,
+    engine: str,
+    callers: list[LoadCaller],
+    level: int,
+    clips: Clips,
+    http: aiohttp.ClientSession,
+    pid: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """Top the held load callers up to ``level`` with fresh probes; measure one window."""
+    probes = probes_for(level)
+    loads = level - probes - sum(1 for c in callers if not c.probe)
+    opened, failed = await open_callers(url, engine, max(0, loads), probes, clips, http)
+    callers += opened
+    await asyncio.sleep(SETTLE_S)
+    row, _ = await measure(callers, pid, seconds)
+    for probe in [c for c in callers if c.probe]:  # replaced each level: recordings grow
+        callers.remove(probe)
+        await probe.close(http)
+    return {**row, "connect_failures": failed}
 
 
 def held(row: dict[str, Any]) -> bool:
@@ -132,21 +195,20 @@ def held(row: dict[str, Any]) -> bool:
     )
 
 
-async def run_server(kind: str, engine: str, levels: list[int], seconds: float) -> list[dict]:
-    speech = speech_with_pauses().clean
-    load_clip = EncodedClip.encode(speech, with_markers=False)
-    probe_clip = EncodedClip.encode(speech, with_markers=True)
+async def run_sweep(
+    kind: str, engine: str, levels: list[int], seconds: float, clips: Clips
+) -> list[dict]:
     port = free_port()
+    command = server_command(kind, port, engine, UNCAPPED_SESSIONS)
     rows: list[dict] = []
-    with spawned_server(server_command(kind, port, engine), port, core=0) as handle:
+    with spawned_server(command, port, core=0) as handle:
         callers: list[LoadCaller] = []
         async with aiohttp.ClientSession() as http:
             try:
                 for level in levels:
                     row = await run_level(
-                        handle.url, engine, callers, level, load_clip, probe_clip,
-                        http, handle.pid, seconds,
-                    )  # fmt: skip
+                        handle.url, engine, callers, level, clips, http, handle.pid, seconds
+                    )
                     row.update(server=kind, engine=engine, held=held(row))
                     rows.append(row)
                     print_table([row], COLUMNS)
@@ -157,9 +219,42 @@ async def run_server(kind: str, engine: str, levels: list[int], seconds: float) 
     return rows
 
 
+async def run_overload(engine: str, limit: int, seconds: float, clips: Clips) -> dict[str, Any]:
+    """Hold ``limit`` calls on a server capped there; offer ``limit`` more during one window."""
+    offers = await real_offers(limit)
+    port = free_port()
+    with spawned_server(server_command("ours", port, engine, limit), port, core=0) as handle:
+        async with aiohttp.ClientSession() as http:
+            probes = probes_for(limit)
+            callers, failed = await open_callers(
+                handle.url, engine, limit - probes, probes, clips, http
+            )
+            try:
+                await asyncio.sleep(SETTLE_S)
+                spread = offer_spread(http, handle.url, offers, engine, seconds * 0.8)
+                row, outcomes = await measure(callers, handle.pid, seconds, during=spread)
+            finally:
+                await asyncio.gather(*(c.close(http) for c in callers), return_exceptions=True)
+    row = {"engine": engine, "max_sessions": limit, **row, **summarise(outcomes)}
+    row["connect_failures"] = failed
+    row["ok"] = (
+        failed == 0
+        and row["refused_503_retry_after"] == row["offered"]
+        and (row["refusal_ms_p95"] or 0) <= OVERLOAD_REFUSAL_MS
+        and row["rtt_ms_p95"] is not None
+        and row["rtt_ms_p95"] <= OVERLOAD_RTT_P95_MS
+    )
+    return row
+
+
 COLUMNS = [
     "server", "engine", "sessions", "rtt_ms_p50", "rtt_ms_p95", "rtt_growth_ms", "loss",
     "server_cpu", "server_rss_mb", "client_cpu", "held",
+]  # fmt: skip
+OVERLOAD_COLUMNS = [
+    "engine", "max_sessions", "sessions", "offered", "refused_503_retry_after",
+    "admitted_over_limit", "refusal_ms_p50", "refusal_ms_p95", "refusal_ms_max",
+    "rtt_ms_p50", "rtt_ms_p95", "loss", "server_cpu", "ok",
 ]  # fmt: skip
 
 
@@ -186,41 +281,65 @@ def plot(rows: list[dict], path: str) -> None:
     figure.savefig(path, dpi=100)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--levels", type=int, nargs="+", default=[10, 20, 40, 60, 80, 100])
-    parser.add_argument("--engines", nargs="+", default=["echo", "denoise"])
-    parser.add_argument("--servers", nargs="+", default=["ours", "stock"])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
-    if (os.cpu_count() or 1) >= 2:
-        os.sched_setaffinity(0, {1})
-    restrict_host_addresses(["127.0.0.1"])
+async def run_all(args: argparse.Namespace) -> tuple[list[dict], dict[str, int], list[dict]]:
+    clips = Clips.make()
     rows: list[dict] = []
     for kind in args.servers:
         for engine in args.engines:
             if kind == "stock" and engine != "echo":
                 continue  # the stock server only echoes
-            levels = args.levels
-            if engine != "echo":  # a denoise stream costs ~5x an echo stream
-                levels = [max(PROBES + 1, x // 5) for x in args.levels]
-            rows += asyncio.run(run_server(kind, engine, sorted(set(levels)), args.seconds))
-    print()
-    print_table(rows, COLUMNS)
+            levels = args.levels if engine == "echo" else args.denoise_levels
+            rows += await run_sweep(kind, engine, sorted(set(levels)), args.seconds, clips)
     summary = {}
     for key in sorted({(r["server"], r["engine"]) for r in rows}):
         series = [r for r in rows if (r["server"], r["engine"]) == key]
         summary[f"{key[0]}/{key[1]}"] = max((r["sessions"] for r in series if r["held"]), default=0)
+    overload = []
+    if not args.no_overload and "ours" in args.servers:
+        for engine in args.engines:
+            limit = summary.get(f"ours/{engine}", 0)
+            if limit > 0:  # nothing held: there is no level to double
+                overload.append(await run_overload(engine, limit, args.seconds, clips))
+                print_table(overload[-1:], OVERLOAD_COLUMNS)
+    return rows, summary, overload
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--levels", type=int, nargs="+", default=[10, 20, 30, 40, 50, 60, 70, 80],
+        help="session levels for echo (ours and stock)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--denoise-levels", type=int, nargs="+", default=[1, 2, 3, 4, 6],
+        help="session levels for denoise (~2 ms of model per 10 ms hop: a few per core)",
+    )  # fmt: skip
+    parser.add_argument("--engines", nargs="+", default=["echo", "denoise"])
+    parser.add_argument("--servers", nargs="+", default=["ours", "stock"])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--no-overload", action="store_true", help="skip the overload phase")
+    args = parser.parse_args()
+    if (os.cpu_count() or 1) >= 2:
+        os.sched_setaffinity(0, {1})
+    restrict_host_addresses(["127.0.0.1"])
+    rows, summary, overload = asyncio.run(run_all(args))
+    print()
+    print_table(rows, COLUMNS)
     print("\nhighest level held (p95 <= 100 ms, loss < 1 %, no growth):", summary)
+    if overload:
+        print("\noverload: held level H as --max-sessions, H more offered")
+        print_table(overload, OVERLOAD_COLUMNS)
     results = write_results(
         "capacity",
         {
             "benchmark": "capacity",
+            "command": " ".join(["python -m bench.capacity", *sys.argv[1:]]),
             "machine": platform.platform(),
             "cores": os.cpu_count(),
             "seconds_per_level": args.seconds,
             "held": summary,
             "rows": rows,
+            "overload": overload,
         },
     )
     png = ROOT / "bench" / "results" / "capacity.png"

@@ -65,6 +65,10 @@ class FramePacer:
         self.underruns = 0
         self.skipped_slots = 0
         self.backlog_dropped = 0  # samples
+        # The last audio frame's times: found ready for its slot, and taken from the buffer
+        # once the slot had started (between them: the wait for the slot).
+        self.ready_at = 0.0
+        self.taken_at = 0.0
         self._window_frames = 0
         self._window_min_wait = float("inf")
         self._window_min_left = 1 << 62
@@ -126,11 +130,13 @@ class FramePacer:
         if not await self._wait_for_frame(deadline=slot_start + self._frame_seconds):
             self.underruns += 1
             return self._silence, True
-        early = slot_start - self._clock()
+        self.ready_at = self._clock()
+        early = slot_start - self.ready_at
         if early > 0:
             await asyncio.sleep(early)
         self._trim_backlog()
         frame = self._source.read(self._frame_samples)
+        self.taken_at = self._clock()
         self._track_phase(0.0 if queued else early, left=self._source.available)
         return frame, False
 

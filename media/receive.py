@@ -96,6 +96,9 @@ class AudioReceivePath:
         self._transit: float | None = None
         self._closed = False
         self.stats = ReceiveStats()
+        # When the packet behind the frame being handed to the sink arrived (for a concealed
+        # frame: the packet after the gap, whose arrival started the wait). The sink reads it.
+        self.arrived_at = 0.0
 
     # The JitterBuffer interface aiortc's receiver calls for every audio packet.
     @property
@@ -181,6 +184,7 @@ class AudioReceivePath:
             packet = self._pending.pop(self._next_seq, None)
             if packet is not None:
                 if packet.payload:  # a padding-only packet holds its place but no audio
+                    self.arrived_at = packet.arrived
                     self._emit(self._decode(packet))
                 self._next_seq = (self._next_seq + 1) % SEQ_MOD
                 continue
@@ -197,6 +201,7 @@ class AudioReceivePath:
         following = min(self._pending, key=lambda s: _seq_delta(s, self._next_seq))  # type: ignore[arg-type]
         missing = _seq_delta(following, self._next_seq)
         samples = self._gap_samples(self._pending[following].timestamp, missing)
+        self.arrived_at = self._pending[following].arrived
         for index in range(missing):
             seq = (self._next_seq + index) % SEQ_MOD
             self._concealed_at[seq] = now

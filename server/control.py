@@ -68,7 +68,8 @@ def decode(raw: str | bytes) -> dict[str, Any]:
         )
     try:
         payload = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: JSONDecodeError, and a number past Python's integer digit limit.
         raise ControlError("invalid_json", "The message is not valid JSON.") from exc
     if not isinstance(payload, dict):
         raise ControlError("invalid_message", "A message must be a JSON object with a 'type'.")

@@ -43,8 +43,14 @@ class PeerCall:
         whip: bool = False,
         shape: Callable[[np.ndarray], np.ndarray] | None = None,
         data_channel: bool = True,
+        offer_filter: Callable[[str], str] | None = None,
+        answer_filter: Callable[[str], str] | None = None,
     ) -> None:
         self.url = url if url.endswith("/") else url + "/"
+        # SDP rewrites between the two peers (a test relay puts its own addresses in the
+        # candidates); ``answer`` keeps what the server sent.
+        self.offer_filter = offer_filter
+        self.answer_filter = answer_filter
         self.engine = engine
         self.options = options
         self.codec = codec
@@ -103,13 +109,18 @@ class PeerCall:
         started = time.monotonic()
         self._http = aiohttp.ClientSession()
         sdp = self.pc.localDescription.sdp
+        if self.offer_filter is not None:
+            sdp = self.offer_filter(sdp)
         if self.whip:
             self.answer = await post_whip(self._http, self.url, sdp, self.engine)
         else:
             self.answer = await post_offer(
                 self._http, self.url, sdp, self.engine, self.options, self.codec
             )
-        await self.pc.setRemoteDescription(RTCSessionDescription(self.answer.sdp, "answer"))
+        answer_sdp = self.answer.sdp
+        if self.answer_filter is not None:
+            answer_sdp = self.answer_filter(answer_sdp)
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer_sdp, "answer"))
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             await self._connected.wait()
         self.connect_ms = (time.monotonic() - started) * 1000

@@ -21,6 +21,7 @@ import numpy as np
 from aiohttp import web
 
 from server.sessions import SessionManager
+from signaling.bodies import read_body
 from signaling.errors import ApiError
 
 WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave")
@@ -47,10 +48,7 @@ async def _read_body(request: web.Request) -> bytes:
     if request.content_type not in WAV_TYPES:
         got = request.content_type or "none"
         raise ApiError(415, "unsupported_media_type", f"Send audio/wav (got {got}).")
-    body = await request.content.read(MAX_PROMPT_BYTES + 1)
-    if len(body) > MAX_PROMPT_BYTES:
-        raise ApiError(413, "payload_too_large", "A prompt clip must be at most 30 s long.")
-    return body
+    return await read_body(request, MAX_PROMPT_BYTES)
 
 
 def register(app: web.Application, sessions: SessionManager) -> None:

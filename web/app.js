@@ -1,6 +1,8 @@
 // cosyrtc browser client: the page's controls wired to a call (call.js), its level meters
-// (meters.js), the Live panel (live.js, fed by stats.js) and the event log (log.js).
+// (meters.js), the Live panel (live.js, fed by stats.js) and the event log (log.js). Requests
+// to the server go through api.js, which adds the access token when the server wants one.
 
+import { accessToken, api, AuthError, isAuthFailure, setAccessToken } from "./api.js";
 import { Call } from "./call.js";
 import { el } from "./dom.js";
 import { LivePanel } from "./live.js";
@@ -73,13 +75,18 @@ function updateControls() {
 async function loadEngines() {
   let body;
   try {
-    const response = await fetch("/engines");
+    const response = await api("/engines");
+    if (isAuthFailure(response.status)) {
+      askForToken();
+      return;
+    }
     if (!response.ok) throw new Error(`the server answered HTTP ${response.status}`);
     body = await response.json();
   } catch (err) {
     setMessage(`Could not load the engine list (${err.message}). Reload the page to retry.`, true);
     return;
   }
+  ui.tokenForm.hidden = true;
   engines = body.engines ?? [];
   showUnavailable(body.unavailable ?? {});
   if (engines.length === 0) {
@@ -113,6 +120,34 @@ function renderEngine() {
   livePanel.setKind(engine.kind);
 }
 
+// ---- access token --------------------------------------------------------------------------
+
+// Shown only when the server answers 401 or 403: most servers ask for no token.
+function askForToken() {
+  const refused = accessToken() !== "";
+  ui.tokenForm.hidden = false;
+  setMessage(
+    refused
+      ? "The server did not accept this access token. Check it and try again."
+      : "This server needs an access token. Enter it to continue.",
+    refused,
+  );
+  ui.accessToken.focus();
+}
+
+function useToken() {
+  const value = ui.accessToken.value.trim();
+  if (!value) {
+    setMessage("Enter the access token first.", true);
+    ui.accessToken.focus();
+    return;
+  }
+  setAccessToken(value);
+  ui.accessToken.value = "";
+  setMessage("Loading engines…");
+  loadEngines();
+}
+
 // ---- the call ------------------------------------------------------------------------------
 
 async function start() {
@@ -133,7 +168,9 @@ async function start() {
     showSession(current.sessionId);
   } catch (err) {
     // A call stopped meanwhile has cleaned up after itself; only a live one reports.
-    if (call === current) endCall(err.message, true);
+    if (call !== current) return;
+    endCall(err.message, true);
+    if (err instanceof AuthError) askForToken();
   }
 }
 
@@ -254,6 +291,10 @@ function interrupt() {
 // ---- wiring --------------------------------------------------------------------------------
 
 ui.engine.addEventListener("change", renderEngine);
+ui.tokenForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  useToken();
+});
 ui.callForm.addEventListener("submit", (event) => {
   event.preventDefault();
   if (!call) start();

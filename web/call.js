@@ -1,6 +1,8 @@
 // One WebRTC call to the server: the microphone goes out, the engine's audio comes back, and
 // a data channel carries control messages and the server's events.
 
+import { api, AuthError, isAuthFailure } from "./api.js";
+
 // Browser noise suppression stays off so that what you hear is the server's denoiser.
 const MIC_CONSTRAINTS = {
   audio: { echoCancellation: true, noiseSuppression: false, autoGainControl: false },
@@ -92,7 +94,7 @@ export class Call {
       this.#sessionDeleted = true;
       // keepalive lets the request finish even when the page is being closed.
       const url = `/sessions/${encodeURIComponent(this.sessionId)}`;
-      fetch(url, { method: "DELETE", keepalive: true }).catch(() => {});
+      api(url, { method: "DELETE", keepalive: true }).catch(() => {});
     }
     this.pc?.close();
     this.stream?.getTracks().forEach((track) => track.stop());
@@ -175,7 +177,7 @@ function iceGatheringComplete(pc) {
 }
 
 async function postOffer(sdp, { engine, options }) {
-  const response = await fetch("/offer", {
+  const response = await api("/offer", {
     method: "POST",
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ sdp, type: "offer", engine, options }),
@@ -183,9 +185,9 @@ async function postOffer(sdp, { engine, options }) {
     throw new Error("Could not reach the server. Check that it is running and press Start again.");
   });
   const body = await response.json().catch(() => null);
-  if (!response.ok) {
-    throw new Error(body?.message ?? `The server refused the call (HTTP ${response.status}).`);
-  }
+  const refusal = body?.message ?? `The server refused the call (HTTP ${response.status}).`;
+  if (isAuthFailure(response.status)) throw new AuthError(response.status, refusal);
+  if (!response.ok) throw new Error(refusal);
   if (typeof body?.sdp !== "string") throw new Error("The server's answer could not be read.");
   return body;
 }

@@ -1,0 +1,72 @@
+"""Operator routes of a process that owns sessions: ``GET /sessions`` and ``GET /readyz``.
+
+``/healthz`` says the process is alive; ``/readyz`` says whether it should be sent new
+sessions: engines loaded, below capacity and not draining. A load balancer takes a node
+out of rotation on 503 and puts it back on 200, without touching its live sessions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from media.pipeline import TransformPipeline
+from server.config import Settings
+from server.session import Session
+from server.sessions import SessionManager
+
+
+def session_summary(session: Session) -> dict[str, Any]:
+    """One line of the session list: who, what, how long, and whether audio flows."""
+    pipeline = session.pipeline
+    in_to_out = None
+    if isinstance(pipeline, TransformPipeline):
+        in_to_out = pipeline.latency.summary_ms()["in_to_out_ms"]
+    return {
+        "session_id": session.id,
+        "engine": session.engine.name,
+        "kind": session.engine.kind.value,
+        "connection_state": session.connection_state,
+        "age_s": round(time.time() - session.opened_at, 1),
+        "frames_out": pipeline.output.frames_sent,
+        "in_to_out_ms": in_to_out,
+    }
+
+
+def readiness(reasons: Sequence[str], **details: Any) -> web.Response:
+    """200 with the details when there is no reason to refuse sessions, else 503 with them."""
+    body: dict[str, Any] = {"ready": not reasons, "reasons": list(reasons), **details}
+    if reasons:
+        body["error"] = "not_ready"
+        body["message"] = f"Not ready for new sessions: {', '.join(reasons)}."
+    return web.json_response(body, status=503 if reasons else 200)
+
+
+class AdminRoutes:
+    def __init__(self, manager: SessionManager, settings: Settings, engines: Sequence[str]):
+        self._manager = manager
+        self._settings = settings
+        self._engines = engines
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_get("/sessions", self.sessions)
+        app.router.add_get("/readyz", self.readyz)
+
+    async def sessions(self, request: web.Request) -> web.Response:
+        summaries = [session_summary(s) for s in self._manager.live_sessions()]
+        return web.json_response({"sessions": summaries})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        reasons = []
+        if self._settings.engine not in self._engines:
+            reasons.append("engines_not_loaded")
+        if self._manager.draining:
+            reasons.append("draining")
+        if self._manager.at_capacity:
+            reasons.append("at_capacity")
+        return readiness(
+            reasons, sessions=len(self._manager), max_sessions=self._settings.max_sessions
+        )

@@ -1,0 +1,103 @@
+"""The front's operator routes, answered for the whole server: metrics, sessions, readiness.
+
+Each worker serves ``/metrics`` and ``/sessions`` for its own sessions; the front asks every
+live worker over its Unix socket at once and merges the answers (see
+``server.metrics_merge``). ``/readyz`` is the front's own judgement: every worker alive,
+the server's total below ``--max-sessions``, and not draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from server.admin_routes import readiness
+from server.metrics import ProcessMetrics
+from server.metrics_merge import merge_expositions
+
+if TYPE_CHECKING:
+    from server.front import Front, Worker
+
+WORKER_ANSWER_TIMEOUT_S = 2.0
+
+
+def _credentials(request: web.Request) -> dict[str, str]:
+    """The caller's ``Authorization``, passed on: workers check the same admin token."""
+    value = request.headers.get("Authorization")
+    return {"Authorization": value} if value else {}
+
+
+class FrontAdminRoutes:
+    def __init__(self, front: Front, metrics: ProcessMetrics) -> None:
+        self._front = front
+        self._metrics = metrics
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/sessions", self.sessions)
+        app.router.add_get("/readyz", self.readyz)
+
+    async def _ask(self, worker: Worker, path: str, headers: dict[str, str]) -> Any | None:
+        """A worker's answer to ``GET path`` (text or JSON), or None when it gives none."""
+        if not worker.alive or worker.http is None:
+            return None
+        timeout = aiohttp.ClientTimeout(total=WORKER_ANSWER_TIMEOUT_S)
+        try:
+            async with worker.http.get(
+                f"http://worker{path}", headers=headers, timeout=timeout
+            ) as response:
+                if response.status != 200:
+                    return None
+                if response.content_type == "application/json":
+                    return await response.json()
+                return await response.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    async def _ask_all(self, path: str, request: web.Request) -> list[tuple[Worker, Any]]:
+        workers = self._front.workers
+        headers = _credentials(request)
+        answers = await asyncio.gather(*(self._ask(w, path, headers) for w in workers))
+        return list(zip(workers, answers, strict=True))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        answers = await self._ask_all("/metrics", request)
+        texts = {str(w.index): a if isinstance(a, str) else None for w, a in answers}
+        body = await asyncio.to_thread(merge_expositions, texts, self._metrics.registry)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def sessions(self, request: web.Request) -> web.Response:
+        answers = await self._ask_all("/sessions", request)
+        merged: list[dict[str, Any]] = []
+        unreachable: list[int] = []
+        for worker, answer in answers:
+            if isinstance(answer, dict):
+                merged.extend(answer.get("sessions", []))
+            else:
+                unreachable.append(worker.index)
+        return web.json_response({"sessions": merged, "unreachable_workers": unreachable})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        front = self._front
+        down = [w.index for w in front.workers if not w.alive or w.process.poll() is not None]
+        live = [w for w in front.workers if w.index not in down]
+        total = sum(w.sessions + w.placing for w in live)
+        reasons = []
+        if down or not front.workers:
+            reasons.append("worker_down")
+        if front.draining:
+            reasons.append("draining")
+        if total >= front.settings.max_sessions:
+            reasons.append("at_capacity")
+        return readiness(
+            reasons,
+            sessions=total,
+            max_sessions=front.settings.max_sessions,
+            workers_down=down,
+        )

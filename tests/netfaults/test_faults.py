@@ -1,0 +1,297 @@
+"""Real calls through an impaired network: loss, jitter, blackouts and a peer that vanishes.
+
+Every datagram between the client peer and the server crosses a :class:`UdpRelay` in this
+process (loopback has no netem). The client sends chirp markers in its audio (``echo``
+returns the waveform), so each marker that comes back gives both the round-trip time and
+where in the input the returning audio came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import gc
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from media.engines.registry import EngineRegistry
+from media.frames import FRAME_MS, FRAME_SAMPLES
+from media.probe import ChirpInserter, detect_markers, marker_rtts, summarize
+from media.receive import MAX_CONCEALED_FRAMES, MAX_MARGIN_S
+from media.ringbuffer import live_buffers
+from server.peercall import PeerCall
+from server.session import Session
+from tests.conftest import RunningServer, running_server
+from tests.integration.test_transform_call import frame_levels_db, non_pool_threads
+from tests.netfaults.relay import Impairment, UdpRelay
+from tests.speech import SENTENCES, speech_with_pauses
+
+MARKER_INTERVAL_S = 0.25  # four RTT samples a second; still twice the largest RTT expected
+TAIL_S = 1.0  # recording after the input ends, so its last markers come back
+# Output frame levels (dBFS): below SILENT_DB nothing is playing; input frames above
+# SPEECH_DB are speech (the fixture's sentences peak at -6 dBFS, its pauses are zeros).
+SILENT_DB = -60.0
+SPEECH_DB = -40.0
+# The longest silent hole in speech a lossy, jittery link may cause: the server's receive
+# path waits up to MAX_MARGIN_S for a missing packet before concealing it, and meanwhile the
+# pacer fills the slots it cannot serve with silence (its documented behaviour), one slot of
+# which may already have been late. Anything longer is audio lost outright.
+MAX_HOLE_FRAMES = round(MAX_MARGIN_S * 1000 / FRAME_MS) + 1
+
+
+@pytest.fixture(scope="module")
+def speech_audio() -> np.ndarray:
+    """About 11 s: three sentences with half-second pauses."""
+    return speech_with_pauses(SENTENCES[:3]).clean
+
+
+@dataclass(frozen=True)
+class MarkerEcho:
+    """One marker that came back: where it was in each stream, when, and the RTT."""
+
+    sent_index: int
+    received_index: int
+    sent_at: float  # time.monotonic() when its first sample was sent
+    arrived: float  # ... and when it was received
+
+    @property
+    def rtt_ms(self) -> float:
+        return (self.arrived - self.sent_at) * 1000
+
+
+def marker_echoes(markers: ChirpInserter, peer: PeerCall) -> list[MarkerEcho]:
+    """Every returned marker paired with the one sent, as :func:`media.probe.marker_rtts` does.
+
+    Each detection belongs to the latest marker sent before it, within one interval, and a
+    sent marker is used once. Keeping the stream positions (not only the RTT) lets a test
+    map returned audio back to the input and split RTTs by when they were measured.
+    """
+    length = len(markers.template)
+    sent = [s for s in markers.marker_starts if s + length <= len(peer.source.timeline)]
+    sent_times = [peer.source.timeline.time_of(s) for s in sent]
+    used: set[int] = set()
+    echoes: list[MarkerEcho] = []
+    for found in detect_markers(peer.received(), markers.template):
+        arrived = peer.recorder.timeline.time_of(found)
+        i = bisect.bisect_right(sent_times, arrived) - 1
+        if i < 0 or i in used or arrived - sent_times[i] > markers.interval_s:
+            continue
+        used.add(i)
+        echoes.append(MarkerEcho(sent[i], found, sent_times[i], arrived))
+    return echoes
+
+
+def speech_holes(sent: np.ndarray, received: np.ndarray, echoes: list[MarkerEcho]) -> list[int]:
+    """Lengths, in 20 ms frames, of the silent runs in ``received`` where the input was speech.
+
+    Each received frame is mapped to the input through the offset of the nearest returned
+    marker. It is a hole frame when it is silent while the input frame it carries and both
+    neighbours are speech: the neighbours absorb the 20 ms steps by which the offset moves
+    between markers (a slot of silence, a dropped frame), so pause edges never count.
+    """
+    if not echoes:
+        return []
+    sent_db = frame_levels_db(sent)
+    received_db = frame_levels_db(received)
+    positions = [echo.received_index for echo in echoes]
+    holes: list[int] = []
+    run = 0
+    for frame, level in enumerate(received_db):
+        start = frame * FRAME_SAMPLES
+        i = min(bisect.bisect_left(positions, start), len(echoes) - 1)
+        if i > 0 and start - positions[i - 1] < positions[i] - start:
+            i -= 1
+        source = (start - echoes[i].received_index + echoes[i].sent_index) // FRAME_SAMPLES
+        around = sent_db[max(0, source - 1) : source + 2]
+        if level < SILENT_DB and len(around) == 3 and around.min() > SPEECH_DB:
+            run += 1
+        elif run:
+            holes.append(run)
+            run = 0
+    return [*holes, run] if run else holes
+
+
+@asynccontextmanager
+async def relayed_call(
+    running: RunningServer, relay: UdpRelay, audio: np.ndarray, markers: ChirpInserter
+) -> AsyncIterator[tuple[PeerCall, Session]]:
+    """An echo call whose every datagram crosses ``relay``, with the server's session."""
+    peer = PeerCall(
+        running.url,
+        audio,
+        engine="echo",
+        shape=markers.process,
+        offer_filter=relay.rewrite_offer,
+        answer_filter=relay.rewrite_answer,
+    )
+    async with peer:
+        assert peer.session_id is not None
+        yield peer, running.server.sessions.get(peer.session_id)
+
+
+async def test_call_under_loss_and_jitter_stays_continuous_and_fast(
+    registry: EngineRegistry, speech_audio: np.ndarray
+):
+    """5 % loss and 0-30 ms jitter each way: losses are concealed and RTT stays low.
+
+    Guards the receive path (media/receive.py) on a bad link: a lost packet must be
+    concealed after a bounded wait, never stalled on (aiortc's own jitter buffer waits for
+    sixteen more packets, a 320 ms hole), and reordering may raise the wait only as far as
+    the lateness seen, so RTT stays near the clean-link figure plus the jitter.
+    """
+    markers = ChirpInserter(interval_s=MARKER_INTERVAL_S)
+    async with running_server(registry) as running:
+        with UdpRelay(seed=5) as relay:
+            # Impaired once connected: what is under test is the media path, not how fast
+            # DTLS retransmits a lost handshake flight.
+            async with relayed_call(running, relay, speech_audio, markers) as (peer, session):
+                relay.impair(Impairment(loss=0.05, jitter_ms=30.0))
+                await peer.source.finished.wait()
+                await asyncio.sleep(TAIL_S)
+                server_receive = session.pipeline.receive_stats
+                underruns = session.pipeline.stats.underruns
+                await peer.end()
+
+    up, down = relay.to_server.stats, relay.to_client.stats
+    rtt = summarize(
+        marker_rtts(markers, peer.source.timeline, peer.received(), peer.recorder.timeline)
+    )
+    echoes = marker_echoes(markers, peer)
+    holes = speech_holes(peer.sent(), peer.received(), echoes)
+    client_receive = peer.receive.stats
+    print(
+        f"relay up {up} down {down}; rtt {rtt}; server receive {server_receive}, "
+        f"{underruns} underruns; client receive {client_receive}; holes (frames) {holes}"
+    )
+    assert up.lost > 0 and down.lost > 0, "the relay did not impair the call"
+    assert relay.unknown_source == 0
+    assert server_receive.concealed > 0 and client_receive.concealed > 0
+    assert len(echoes) >= 20, "too few markers came back to measure the call"
+    assert rtt["rtt_ms_p95"] is not None and rtt["rtt_ms_p95"] <= 120, rtt
+    assert max(holes, default=0) <= MAX_HOLE_FRAMES, f"silent holes in speech: {holes}"
+
+
+BLACKOUT_AT_S = 4.0
+BLACKOUT_S = 1.5
+SETTLE_S = 0.5  # after the cut: the first markers sent may still meet its tail end
+RTT_RECOVERY_MARGIN_MS = 25.0
+# Far below what replaying audio queued during the cut would add (most of BLACKOUT_S).
+RTT_AFTER_CUT_LIMIT_MS = 200.0
+
+
+async def test_call_recovers_from_short_blackout_without_added_latency(
+    registry: EngineRegistry, speech_audio: np.ndarray
+):
+    """Both directions cut for 1.5 s, then restored: audio resumes at the pre-cut latency.
+
+    Guards against a receive path or pacer that buffers across a cut: filling 1.5 s with
+    concealment, or playing out audio that queued up during it, would leave the call
+    running that much later from then on. The gap must be skipped (at most 60 ms
+    concealed) and the RTT after the cut must be back near the RTT before it.
+    """
+    markers = ChirpInserter(interval_s=MARKER_INTERVAL_S)
+    async with running_server(registry) as running:
+        with UdpRelay(seed=11) as relay:
+            async with relayed_call(running, relay, speech_audio, markers) as (peer, session):
+                await asyncio.sleep(BLACKOUT_AT_S)
+                cut = time.monotonic()
+                relay.blackout(BLACKOUT_S)
+                await asyncio.sleep(BLACKOUT_S)
+                restored = time.monotonic()
+                await peer.source.finished.wait()
+                input_ended = time.monotonic()
+                await asyncio.sleep(TAIL_S)
+                server_receive = session.pipeline.receive_stats
+                state = peer.pc.connectionState
+                await peer.end()
+
+    echoes = marker_echoes(markers, peer)
+    before = [e.rtt_ms for e in echoes if e.arrived < cut]
+    after = [e.rtt_ms for e in echoes if restored + SETTLE_S < e.sent_at < input_ended]
+    timeline = peer.source.timeline
+    due = [
+        start
+        for start in markers.marker_starts
+        if restored + SETTLE_S < timeline.time_of(start) < input_ended
+    ]
+    client_receive = peer.receive.stats
+    up, down = relay.to_server.stats, relay.to_client.stats
+    print(
+        f"rtt before {np.round(before, 1)} after {np.round(after, 1)} ({len(due)} due); "
+        f"blacked out {up.blacked_out} up, {down.blacked_out} down; "
+        f"server receive {server_receive}; client receive {client_receive}"
+    )
+    assert state == "connected"
+    for link in (up, down):  # 50 packets a second each way
+        assert link.blacked_out >= 0.8 * 50 * BLACKOUT_S, "the blackout did not cut the media"
+    assert len(before) >= 10
+    assert len(after) >= len(due) - 1, "audio did not resume after the cut"
+    assert np.median(after) <= np.median(before) + RTT_RECOVERY_MARGIN_MS
+    assert max(after) <= RTT_AFTER_CUT_LIMIT_MS
+    for receive in (server_receive, client_receive):
+        assert receive.skipped > 0, "the cut was filled instead of skipped"
+        assert receive.concealed <= 2 * MAX_CONCEALED_FRAMES
+
+
+RECLAIM_BOUND_S = 45.0  # generous: aioice's consent freshness gives up after ~30 s
+
+
+async def test_peer_that_vanishes_is_reclaimed_with_all_its_resources(
+    registry: EngineRegistry, speech_audio: np.ndarray
+):
+    """The peer goes silent for good and never sends DELETE: the server frees the session.
+
+    Guards against a session held forever by a caller whose network died (closed laptop,
+    lost Wi-Fi): it must leave the session table and give back its tasks, threads and
+    audio buffers. Asserted by counts, against the values before the call.
+    """
+    markers = ChirpInserter(interval_s=MARKER_INTERVAL_S)
+    async with running_server(registry, rtp_timeout=1.0, resume_grace=1.0) as running:
+        with UdpRelay(seed=3) as relay:
+            await asyncio.sleep(0)
+            gc.collect()
+            tasks_before = len(asyncio.all_tasks())
+            threads_before = non_pool_threads()
+            buffers_before = live_buffers()
+
+            peer = PeerCall(
+                running.url,
+                speech_audio,
+                engine="echo",
+                shape=markers.process,
+                offer_filter=relay.rewrite_offer,
+                answer_filter=relay.rewrite_answer,
+            )
+            await peer.connect()
+            assert peer.session_id is not None
+            # Only the session's closed event is kept: a reference to the session would
+            # keep its buffers alive and fail the count below.
+            closed = running.server.sessions.get(peer.session_id).closed
+            await asyncio.sleep(1.0)
+            assert relay.to_server.stats.forwarded > 25, "no media reached the server"
+            relay.blackout()
+            vanished = time.monotonic()
+            await peer.close()  # whatever it sends on the way out is lost in the blackout
+
+            async with asyncio.timeout(RECLAIM_BOUND_S):
+                await closed.wait()
+            reclaimed_s = time.monotonic() - vanished
+            assert len(running.server.sessions) == 0
+            for _ in range(50):  # aiortc's threads and tasks wind down asynchronously
+                gc.collect()
+                if (
+                    len(asyncio.all_tasks()) <= tasks_before
+                    and non_pool_threads() <= threads_before
+                    and live_buffers() <= buffers_before
+                ):
+                    break
+                await asyncio.sleep(0.1)
+            print(f"reclaimed {reclaimed_s:.1f} s after the peer vanished")
+            assert len(asyncio.all_tasks()) <= tasks_before
+            assert non_pool_threads() <= threads_before
+            assert live_buffers() <= buffers_before
