@@ -45,6 +45,7 @@ class PeerCall:
         data_channel: bool = True,
         offer_filter: Callable[[str], str] | None = None,
         answer_filter: Callable[[str], str] | None = None,
+        resume: dict[str, str] | None = None,
     ) -> None:
         self.url = url if url.endswith("/") else url + "/"
         # SDP rewrites between the two peers (a test relay puts its own addresses in the
@@ -55,6 +56,7 @@ class PeerCall:
         self.options = options
         self.codec = codec
         self.whip = whip
+        self.resume = resume  # continue that session (``Answer.resume``) instead of a new one
         # The peer encodes with the application it asks the server for, so a low-delay call
         # is low-delay both ways.
         application = Application[(codec or {}).get("application", "voip").upper()]
@@ -115,7 +117,7 @@ class PeerCall:
             self.answer = await post_whip(self._http, self.url, sdp, self.engine)
         else:
             self.answer = await post_offer(
-                self._http, self.url, sdp, self.engine, self.options, self.codec
+                self._http, self.url, sdp, self.engine, self.options, self.codec, self.resume
             )
         answer_sdp = self.answer.sdp
         if self.answer_filter is not None:

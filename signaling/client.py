@@ -30,6 +30,14 @@ class Answer:
     sdp: str
     session_id: str | None
     resource_url: str | None  # where DELETE ends the session, when the server has one
+    resume_token: str | None = None  # presented with the session id to resume the session
+
+    @property
+    def resume(self) -> dict[str, str] | None:
+        """The ``resume`` field of an offer that continues this session on a new connection."""
+        if self.session_id is None or self.resume_token is None:
+            return None
+        return {"session_id": self.session_id, "token": self.resume_token}
 
 
 async def _raise_for_error(response: aiohttp.ClientResponse) -> None:
@@ -50,8 +58,9 @@ async def post_offer(
     engine: str | None = None,
     options: dict[str, Any] | None = None,
     codec: dict[str, Any] | None = None,
+    resume: dict[str, str] | None = None,
 ) -> Answer:
-    """``POST {base}/offer`` with the JSON shape."""
+    """``POST {base}/offer`` with the JSON shape (``resume``: continue a detached session)."""
     payload: dict[str, Any] = {"sdp": sdp, "type": "offer"}
     if engine is not None:
         payload["engine"] = engine
@@ -59,12 +68,14 @@ async def post_offer(
         payload["options"] = options
     if codec:
         payload["codec"] = codec
+    if resume:
+        payload["resume"] = resume
     async with http.post(urljoin(base_url, "offer"), json=payload) as response:
         await _raise_for_error(response)
         body = await response.json(content_type=None)
     session_id = body.get("session_id")
     resource = urljoin(base_url, f"sessions/{session_id}") if session_id else None
-    return Answer(body["sdp"], session_id, resource)
+    return Answer(body["sdp"], session_id, resource, body.get("resume_token"))
 
 
 async def post_whip(
