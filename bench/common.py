@@ -45,6 +45,7 @@ def pinned(command: Sequence[str], core: int | None) -> list[str]:
 class ServerHandle:
     url: str
     pid: int
+    process: subprocess.Popen[bytes]
 
 
 @contextlib.contextmanager
@@ -68,7 +69,7 @@ def spawned_server(
             _wait_until_ready(
                 process, log_file, f"http://127.0.0.1:{port}/", ready_path, ready_timeout
             )
-            yield ServerHandle(f"http://127.0.0.1:{port}/", process.pid)
+            yield ServerHandle(f"http://127.0.0.1:{port}/", process.pid, process)
         finally:
             process.terminate()
             try:

@@ -154,21 +154,23 @@ async def test_speech_continues_where_it_stopped(registry: EngineRegistry):
 
 
 async def test_resume_refusals_are_specific(registry: EngineRegistry):
-    async with running_server(registry, rtp_timeout=0.5, resume_grace=5.0) as running:
-        async with PeerCall(running.url, noise(10), engine="echo") as call:
-            assert call.answer is not None and call.answer.resume is not None
-            cases = [
-                ({"session_id": "nope", "token": "x"}, None, 404, "session_not_found"),
-                ({**call.answer.resume, "token": "wrong"}, None, 403, "invalid_resume_token"),
-                (call.answer.resume, "piper", 400, "resume_engine_mismatch"),
-            ]
-            for resume, engine, status, code in cases:
-                with pytest.raises(SignalingError) as refused:
-                    async with PeerCall(running.url, noise(1), engine=engine, resume=resume):
-                        pass
-                assert (refused.value.status, refused.value.code) == (status, code)
-            session = running.server.sessions.get(call.session_id or "")
-            assert session.pc is not None and session.resumes == 0  # refusals touch nothing
+    async with (
+        running_server(registry, rtp_timeout=0.5, resume_grace=5.0) as running,
+        PeerCall(running.url, noise(10), engine="echo") as call,
+    ):
+        assert call.answer is not None and call.answer.resume is not None
+        cases = [
+            ({"session_id": "nope", "token": "x"}, None, 404, "session_not_found"),
+            ({**call.answer.resume, "token": "wrong"}, None, 403, "invalid_resume_token"),
+            (call.answer.resume, "piper", 400, "resume_engine_mismatch"),
+        ]
+        for resume, engine, status, code in cases:
+            with pytest.raises(SignalingError) as refused:
+                async with PeerCall(running.url, noise(1), engine=engine, resume=resume):
+                    pass
+            assert (refused.value.status, refused.value.code) == (status, code)
+        session = running.server.sessions.get(call.session_id or "")
+        assert session.pc is not None and session.resumes == 0  # refusals touch nothing
 
 
 async def test_a_session_not_resumed_in_time_is_reclaimed(registry: EngineRegistry):
