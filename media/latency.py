@@ -4,6 +4,11 @@ An engine returns as many samples as it is given (its algorithmic delay is insid
 signal, reported separately as the engine's ``delay_ms``), so output sample ``q`` is input
 sample ``q`` plus whatever input was dropped before reaching the engine. Each departing
 frame is matched with the arrival time of the packet that brought its last sample.
+
+A drop shifts only the frames after it: the queue drops its oldest chunk, which is later
+than everything the engine had already taken, so audio already past the queue keeps its
+position. Counting every drop against every later departure would match a frame sitting in
+the output buffer with a later packet, and under overload report less than the real delay.
 """
 
 from __future__ import annotations
@@ -22,18 +27,25 @@ class InToOutMeter:
         self._arrivals: deque[tuple[int, float]] = deque()  # (end position, time)
         self._received = 0
         self._dropped = 0
+        self._drops: deque[tuple[int, int]] = deque()  # (input taken by then, samples)
         self.recent: deque[float] = deque(maxlen=RECENT_FRAMES)
 
     def arrived(self, samples: int, at: float) -> None:
         self._received += samples
         self._arrivals.append((self._received, at))
 
-    def dropped(self, samples: int) -> None:
-        """Input that will never come out (dropped before the engine), shifting positions."""
-        self._dropped += samples
+    def dropped(self, samples: int, taken: int) -> None:
+        """Input that will never come out (dropped before the engine), shifting positions.
+
+        ``taken`` is how much input the engine had taken when it was dropped: the positions
+        from there on shift, those before do not.
+        """
+        self._drops.append((taken, samples))
 
     def departed(self, end_position: int, at: float) -> float | None:
         """A frame whose last output sample is ``end_position - 1`` left at ``at``."""
+        while self._drops and self._drops[0][0] < end_position:
+            self._dropped += self._drops.popleft()[1]
         wanted = end_position + self._dropped
         while self._arrivals and self._arrivals[0][0] < wanted:
             self._arrivals.popleft()

@@ -144,8 +144,7 @@ class TransformPipeline:
         evicted = self._input.push(chunk)
         self.stages.pushed(len(pcm), arrived, fed, resample, self._clock())
         if evicted is not None:
-            self.stages.evicted()
-            self.latency.dropped(round(len(evicted) * RTC_RATE / self.engine.sample_rate))
+            self.latency.dropped(self.stages.evicted(), taken=self.stages.taken)
 
     def _on_frame_sent(self, samples: np.ndarray, is_silence: bool) -> None:
         if not is_silence:

@@ -190,7 +190,7 @@ class TransformStages:
         self._current: _Chunk | None = None  # with the engine now
         self._inputs: deque[_Chunk] = deque()  # reached the engine, by ``end``
         self._outputs: deque[_Chunk] = deque()  # wrote output, by ``out_end``
-        self._kept = 0
+        self.taken = 0  # input (48 kHz samples) the engine worker has taken from the queue
 
     @property
     def queued(self) -> int:
@@ -204,16 +204,17 @@ class TransformStages:
         """
         self._queued.append(_Chunk(samples, arrived, fed, resample, at))
 
-    def evicted(self) -> None:
-        """The input queue dropped its oldest chunk."""
-        if self._queued:
-            self._queued.popleft()
+    def evicted(self) -> int:
+        """The input queue dropped its oldest chunk; returns its samples (48 kHz)."""
+        return self._queued.popleft().samples if self._queued else 0
 
     def dequeued(self, at: float) -> None:
         """The engine worker took the oldest queued chunk."""
         self._current = self._queued.popleft() if self._queued else None
         if self._current is not None:
             self._current.dequeued = at
+            self.taken += self._current.samples
+            self._current.end = self.taken
 
     def produced(self, done: float, resample: float, written_end: int, written: float) -> None:
         """The engine's output for the current chunk was back at ``done`` and written.
@@ -225,8 +226,6 @@ class TransformStages:
         chunk, self._current = self._current, None
         if chunk is None:
             return
-        self._kept += chunk.samples
-        chunk.end = self._kept
         self._inputs.append(chunk)
         self.engine_calls.observe(done - chunk.dequeued)
         if not self._outputs or written_end > self._outputs[-1].out_end:

@@ -2,7 +2,7 @@
 
 aiortc falls back to a public STUN server when given no configuration, so the server always
 passes an explicit (possibly empty) list. aioice has no options for its host candidates, so
-three process-wide adaptations of aioice live here, each undone by passing an empty value:
+three process-wide adaptations of aioice live here, each undone by passing ``[]`` or None:
 
 - ``restrict_host_addresses``: aioice gathers on every local address except 127.0.0.1; this
   replaces its address lookup with a fixed list (e.g. ``127.0.0.1`` for loopback calls).
@@ -160,12 +160,16 @@ async def _bind_host(
                 await asyncio.sleep(0)
             continue
         ports.taken(port)
-        sock.setblocking(False)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, aioice.turn.UDP_SOCKET_BUFFER_SIZE)
-        loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_datagram_endpoint(
-            lambda: aioice.ice.StunProtocol(connection), sock=sock
-        )
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, aioice.turn.UDP_SOCKET_BUFFER_SIZE)
+            loop = asyncio.get_running_loop()
+            _, protocol = await loop.create_datagram_endpoint(
+                lambda: aioice.ice.StunProtocol(connection), sock=sock
+            )
+        except BaseException:
+            sock.close()
+            raise
         host, port = sock.getsockname()[:2]
         protocol.local_candidate = Candidate(
             foundation=candidate_foundation("host", "udp", host),

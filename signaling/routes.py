@@ -122,7 +122,7 @@ class OfferAnswer:
 
 
 class SessionHost(Protocol):
-    """What signaling needs from the server: open, close and describe."""
+    """What signaling needs from the server: open, close, describe, and trickle ICE."""
 
     async def open_session(self, request: OfferRequest) -> OfferAnswer:
         """Create a session and return the answer; raise :class:`ApiError` on refusal."""
@@ -134,10 +134,10 @@ class SessionHost(Protocol):
         """The body of ``GET /engines``."""
 
     def ice_session(self, session_id: str) -> IceSession:
-        """The session's answer and the client's ICE credentials; :class:`ApiError` 404."""
+        """The session's answer and the client's ICE credentials; 404, 409 if detached."""
 
     async def add_remote_candidates(self, session_id: str, fragment: TrickleFragment) -> None:
-        """Hand trickled candidates to the session's connection; :class:`ApiError` 404."""
+        """Hand trickled candidates to the session's connection; 400 for an unknown mid."""
 
 
 def _require_content_type(request: web.Request, expected: str) -> None:

@@ -70,11 +70,25 @@ def inspect_offer(text: str) -> OfferSummary:
             raise malformed("Every m-line needs ICE credentials (a=ice-ufrag and a=ice-pwd).")
         if not media.dtls or not media.dtls.fingerprints:
             raise malformed("Every m-line needs a DTLS fingerprint (a=fingerprint).")
+    _check_groups(description)
     return OfferSummary(
         audio_direction=first.direction or "sendrecv",
         has_data_channel=any(m.kind == "application" for m in description.media),
         opus=_opus_parameters(opus.parameters),
     )
+
+
+def _check_groups(description: aiortc_sdp.SessionDescription) -> None:
+    """Every mid an ``a=group`` line names must be an m-line's ``a=mid`` (RFC 5888 section 5).
+
+    aiortc answers a BUNDLE group whose tag names no m-line by failing half-way through
+    building the answer, and then cannot close the half-built connection either.
+    """
+    mids = {media.rtp.muxId for media in description.media if media.rtp.muxId}
+    for group in description.group:
+        missing = next((mid for mid in group.items if str(mid) not in mids), None)
+        if missing is not None:
+            raise malformed(f"a=group:{group.semantic} names mid '{missing}', which no m-line has.")
 
 
 def _opus_parameters(fmtp: dict[str, object]) -> OpusParameters:

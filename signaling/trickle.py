@@ -2,7 +2,7 @@
 
 A client that trickles may offer with few or no candidates and send the rest later in
 ``PATCH`` requests to the session URL. The body is an SDP fragment,
-``application/trickle-ice-sdpfrag`` (RFC 8840 section 9): session-level ICE attributes,
+``application/trickle-ice-sdpfrag`` (RFC 8840 sections 4.4 and 9): session-level ICE attributes,
 then an ``m=`` section per media stream, named by its ``a=mid``, holding ``a=ice-ufrag``,
 ``a=ice-pwd``, ``a=candidate`` lines and ``a=end-of-candidates``. With BUNDLE only the
 bundle tag's section carries candidates (RFC 9725 section 4.3.2). This module turns the body
@@ -21,7 +21,6 @@ TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
 _LINE = re.compile(r"([a-z])=(.*)")
 _ICE_CHARS = re.compile(r"[A-Za-z0-9+/]+")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`{|}~0-9A-Za-z]+")  # RFC 8866 token
-_DIGITS = re.compile(r"[0-9]+")
 _ENTITY_TAG = re.compile(r'(W/)?"([^"]*)"')
 MAX_PRIORITY = 2**32 - 1
 MAX_COMPONENT = 256
@@ -79,7 +78,16 @@ def _malformed(number: int, message: str) -> ApiError:
     return ApiError(400, "malformed_sdpfrag", f"Line {number} of the SDP fragment: {message}")
 
 
-def check_candidate(value: str) -> str:
+def _shown(text: str) -> str:
+    """``text`` quoted for an error message, cut short: it comes from the client."""
+    return repr(text if len(text) <= 16 else text[:16] + "...")
+
+
+def _digits(text: str, most: int) -> bool:
+    return 0 < len(text) <= most and text.isascii() and text.isdigit()
+
+
+def _check_candidate(value: str) -> str:
     """``value`` (what follows ``a=candidate:``) when it follows RFC 8839 section 5.1.
 
     The connection address is not checked: one the session cannot resolve is dropped
@@ -90,20 +98,20 @@ def check_candidate(value: str) -> str:
         raise ValueError("expected 'foundation component transport priority address port typ type'")
     foundation, component, transport, priority, _, port, _, kind, *extensions = fields
     if len(foundation) > 32 or not _ICE_CHARS.fullmatch(foundation):
-        raise ValueError(f"foundation {foundation!r} is not 1-32 ice-chars")
-    if not _DIGITS.fullmatch(component) or not 1 <= int(component) <= MAX_COMPONENT:
-        raise ValueError(f"component {component!r} is not 1-{MAX_COMPONENT}")
+        raise ValueError(f"foundation {_shown(foundation)} is not 1-32 ice-chars")
+    if not _digits(component, 3) or not 1 <= int(component) <= MAX_COMPONENT:
+        raise ValueError(f"component {_shown(component)} is not 1-{MAX_COMPONENT}")
     if not _TOKEN.fullmatch(transport) or not _TOKEN.fullmatch(kind):
         raise ValueError("transport and candidate type must be tokens")
-    if not _DIGITS.fullmatch(priority) or int(priority) > MAX_PRIORITY:
-        raise ValueError(f"priority {priority!r} is not 0-{MAX_PRIORITY}")
-    if not _DIGITS.fullmatch(port) or int(port) > 65535:
-        raise ValueError(f"port {port!r} is not 0-65535")
+    if not _digits(priority, 10) or int(priority) > MAX_PRIORITY:
+        raise ValueError(f"priority {_shown(priority)} is not 0-{MAX_PRIORITY}")
+    if not _digits(port, 5) or int(port) > 65535:
+        raise ValueError(f"port {_shown(port)} is not 0-65535")
     if len(extensions) % 2:
         raise ValueError("extensions come as name-value pairs")
     for name, extension in zip(extensions[::2], extensions[1::2], strict=True):
-        if name == "rport" and (not _DIGITS.fullmatch(extension) or int(extension) > 65535):
-            raise ValueError(f"rport {extension!r} is not 0-65535")
+        if name == "rport" and (not _digits(extension, 5) or int(extension) > 65535):
+            raise ValueError(f"rport {_shown(extension)} is not 0-65535")
     return " ".join(fields)
 
 
@@ -157,13 +165,13 @@ def parse_sdpfrag(text: str) -> TrickleFragment:
             if not sections or sections[-1].mid is not None:
                 raise _malformed(number, "a=mid belongs once in each m= section")
             if not _TOKEN.fullmatch(attribute):
-                raise _malformed(number, f"mid {attribute!r} is not a token")
+                raise _malformed(number, f"mid {_shown(attribute)} is not a token")
             sections[-1].mid = attribute
         elif name == "candidate":
             if not sections:
                 raise _malformed(number, "a=candidate before any m= line")
             try:
-                sections[-1].candidates.append((number, check_candidate(attribute)))
+                sections[-1].candidates.append((number, _check_candidate(attribute)))
             except ValueError as exc:
                 raise ApiError(
                     400, "invalid_candidate", f"Line {number} of the SDP fragment: {exc}."

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from tests.fuzz.harness import INPUTS
+from tests.fuzz.harness import INPUTS, OPENED
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,3 +54,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for family, count in sorted(INPUTS.items()):
         terminalreporter.write_line(f"{family:<32} {count:>8}")
     terminalreporter.write_line(f"{'total':<32} {sum(INPUTS.values()):>8}")
+    for family, count in sorted(OPENED.items()):
+        terminalreporter.write_line(f"sessions opened by valid inputs, {family}: {count}")

@@ -53,6 +53,21 @@ CONTROL_CODES = frozenset(
 SESSION_CODES = frozenset({"session_not_found"})
 SPEAK_CODES = SESSION_CODES | BODY_CODES | (CONTROL_CODES - {"message_too_large"})
 INTERRUPT_CODES = SESSION_CODES | {"not_a_speak_session"}
+# Trickle ICE on a WHIP session (signaling/trickle.py, server/remote_candidates.py).
+PATCH_CODES = (
+    SESSION_CODES
+    | BODY_CODES
+    | {
+        "invalid_encoding",
+        "session_detached",
+        "precondition_required",
+        "precondition_failed",
+        "malformed_sdpfrag",
+        "invalid_candidate",
+        "unknown_mid",
+        "ice_restart_unsupported",
+    }
+)
 PROMPT_CODES = SESSION_CODES | BODY_CODES | {"no_voice_prompt", "invalid_audio", "invalid_prompt"}
 ANY_ROUTE_CODES = (
     ROUTING_CODES
@@ -61,7 +76,7 @@ ANY_ROUTE_CODES = (
     | SPEAK_CODES
     | INTERRUPT_CODES
     | PROMPT_CODES
-    | {"payload_too_large"}
+    | PATCH_CODES
 )
 # The fallbacks of signaling/errors.py: an answer with one of these names no cause.
 GENERIC_CODES = frozenset({"bad_request", "http_error"})
@@ -73,6 +88,10 @@ _STATUS_OF_CODE: Mapping[str, frozenset[int]] = {
     "method_not_allowed": frozenset({405}),
     "payload_too_large": frozenset({413}),
     "unsupported_media_type": frozenset({415}),
+    "session_detached": frozenset({409}),
+    "precondition_failed": frozenset({412}),
+    "ice_restart_unsupported": frozenset({422}),
+    "precondition_required": frozenset({428}),
 }
 
 
@@ -105,7 +124,7 @@ def error_code(reply: Reply) -> str:
     assert isinstance(message, str) and message.strip(), reply.describe()
     assert reply.status in _STATUS_OF_CODE.get(code, frozenset({400})), reply.describe()
     if reply.status == 405:
-        assert reply.headers.get("Allow") is not None, reply.describe()
+        assert code == "method_not_allowed" and "Allow" in reply.headers, reply.describe()
     return code
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
+from multidict import CIMultiDict
 
 from media.engines.registry import EngineRegistry
 from tests.conftest import RunningServer, running_server
@@ -28,6 +29,8 @@ T = TypeVar("T")
 
 # Inputs sent per family, across the whole run (printed in the terminal summary).
 INPUTS: Counter[str] = Counter()
+# Sessions that valid fuzzed inputs opened (and the suite closed again), per family.
+OPENED: Counter[str] = Counter()
 REQUEST_TIMEOUT_S = 30.0
 # Limits for fuzzing: a small body cap (fast to cross, still above a 4000-character speak
 # text), room for every session an input opens, no per-address or per-channel rate limit,
@@ -200,7 +203,7 @@ class FuzzServer:
                 method,
                 path,
                 response.status,
-                dict(response.headers),
+                CIMultiDict(response.headers),
                 response.content_type,
                 await response.read(),
             )
@@ -209,5 +212,3 @@ class FuzzServer:
         """DELETE a session an input opened (valid offers open real ones)."""
         reply = self.request("DELETE", f"sessions/{session_id}")
         assert reply.status == 200, reply.describe()
-
-

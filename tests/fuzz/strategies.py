@@ -34,7 +34,9 @@ json_leaves = st.one_of(
 )
 json_values = st.recursive(
     json_leaves,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
     max_leaves=10,
 )
 # Number literals Python's json module reads into awkward values, or refuses.
@@ -234,7 +236,7 @@ def _huge_line(draw: st.DrawFn, lines: Lines) -> Lines:
 
 def _truncate(draw: st.DrawFn, lines: Lines) -> Lines:
     at = _pick(draw, lines)
-    return lines[:at] + [lines[at][: draw(st.integers(0, len(lines[at])))]]
+    return [*lines[:at], lines[at][: draw(st.integers(0, len(lines[at])))]]
 
 
 def _upper_case(draw: st.DrawFn, lines: Lines) -> Lines:
@@ -290,17 +292,6 @@ def mutated_sdp(draw: st.DrawFn, bases: Sequence[str], max_edits: int = 4) -> st
     return without_mdns(text)
 
 
-@st.composite
-def sdp_bodies(draw: st.DrawFn, bases: Sequence[str]) -> bytes:
-    """Mutated offers as bytes, sometimes with bytes that are not UTF-8 spliced in."""
-    body = draw(mutated_sdp(bases)).encode("utf-8", "surrogatepass")
-    if draw(st.integers(0, 9)) == 0:
-        at = draw(st.integers(0, len(body)))
-        junk = draw(st.sampled_from([b"\xff", b"\xc3(", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]))
-        body = body[:at] + junk + body[at:]
-    return body
-
-
 def sdpfrag_base(offer: str) -> str:
     """A trickle-ICE fragment (RFC 8840) from an offer's ICE lines: what WHIP PATCH carries."""
     keep = ("a=ice-ufrag:", "a=ice-pwd:", "m=", "a=mid:", "a=candidate:", "a=end-of-candidates")
@@ -334,7 +325,11 @@ CHARSETS = ("utf-8", "UTF-8", "utf8", "latin-1", "utf-16", "ascii", "bogus", "")
 @st.composite
 def content_types(draw: st.DrawFn) -> str:
     """A well-formed Content-Type: known or random media type, random parameters."""
-    media = draw(st.one_of(st.sampled_from(MEDIA_TYPES), st.builds("{}/{}".format, header_tokens, header_tokens)))
+    media = draw(
+        st.one_of(
+            st.sampled_from(MEDIA_TYPES), st.builds("{}/{}".format, header_tokens, header_tokens)
+        )
+    )
     params = draw(
         st.lists(
             st.one_of(
@@ -348,7 +343,9 @@ def content_types(draw: st.DrawFn) -> str:
 
 
 # Header values as a client can send them: printable ASCII, no line breaks.
-header_values = st.text(alphabet=string.printable.translate({ord(c): None for c in "\r\n\x0b\x0c"}), max_size=60)
+header_values = st.text(
+    alphabet=string.printable.translate({ord(c): None for c in "\r\n\x0b\x0c"}), max_size=60
+)
 
 
 def media_type(content_type: str) -> str:

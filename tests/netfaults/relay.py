@@ -163,8 +163,8 @@ class Link:
     def _release_held(self) -> None:
         self._held_timer = None
         held, self._held = self._held, None
-        if held is not None:
-            self._deliver(held)
+        assert held is not None  # the timer is cancelled whenever the held datagram leaves
+        self._deliver(held)
 
     def _cancel_held_timer(self) -> None:
         if self._held_timer is not None:
@@ -280,9 +280,7 @@ class UdpRelay:
         old addresses count as ``unknown_source``. A new peer connection of the same side
         gets new stand-ins when its SDP is rewritten.
         """
-        self._close_stand_ins(
-            entry for entry in self._stand_ins.values() if entry.side is side
-        )
+        self._close_stand_ins(entry for entry in self._stand_ins.values() if entry.side is side)
 
     def close(self) -> None:
         self._close_stand_ins(list(self._stand_ins.values()))

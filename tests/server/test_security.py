@@ -161,6 +161,16 @@ async def test_admin_routes_need_the_admin_token_when_one_is_set(http: aiohttp.C
         assert await statuses(http, url, None) == [200, 200, 200]
 
 
+async def test_the_server_s_own_admin_routes_take_only_the_admin_token(
+    guarded: RunningServer, http: aiohttp.ClientSession
+):
+    for path in ("sessions", "metrics"):
+        for token, expected in ((None, 401), (USER_TOKEN, 403), (ADMIN_TOKEN, 200)):
+            headers = bearer(token) if token else {}
+            status, _, _ = await call(http, "GET", guarded.url + path, headers=headers)
+            assert status == expected, (path, token)
+
+
 async def test_page_and_health_stay_public_with_auth_on(
     guarded: RunningServer, http: aiohttp.ClientSession
 ):

@@ -109,6 +109,22 @@ SDP_CASES = [
     ),
     SdpCase("no-ice-ufrag", lambda sdp: without_prefix(sdp, "a=ice-ufrag:"), 400, "malformed_sdp"),
     SdpCase("no-ice-pwd", lambda sdp: without_prefix(sdp, "a=ice-pwd:"), 400, "malformed_sdp"),
+    # Found by fuzzing: a BUNDLE tag naming no m-line made aiortc fail building the answer
+    # and again closing the connection, so the client got a 500.
+    SdpCase(
+        "bundle-tag-without-m-line",
+        lambda sdp: without_prefix(sdp, "a=mid:0"),
+        400,
+        "malformed_sdp",
+        {"data_channel": True},
+    ),
+    SdpCase(
+        "bundle-names-unknown-mid",
+        lambda sdp: sdp.replace("a=group:BUNDLE 0 1", "a=group:BUNDLE 5 1"),
+        400,
+        "malformed_sdp",
+        {"data_channel": True},
+    ),
     SdpCase(
         "no-fingerprint", lambda sdp: without_prefix(sdp, "a=fingerprint:"), 400, "malformed_sdp"
     ),

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from aiortc import RTCSessionDescription
 
+from media.engines.registry import EngineRegistry
 from media.frames import RTC_RATE
 from server.peercall import PeerCall
 from signaling.errors import ApiError
@@ -20,7 +21,8 @@ from signaling.trickle import (
     check_if_match,
     parse_sdpfrag,
 )
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, running_server
+from tests.netfaults.relay import UdpRelay
 from tests.signaling.offers import new_offer, without_prefix
 from tests.speech import SpeechFixture
 
@@ -99,6 +101,8 @@ def in_section(candidate: str) -> str:
         (in_section("1 1 udp 1 127.0.0.1 9 host host"), "invalid_candidate", "typ"),
         (in_section("fo:o 1 udp 1 127.0.0.1 9 typ host"), "invalid_candidate", "foundation"),
         (in_section("1 1 udp 4294967296 127.0.0.1 9 typ host"), "invalid_candidate", "priority"),
+        (in_section("1 1 udp " + "9" * 5000 + " ::1 9 typ host"), "invalid_candidate", "priority"),
+        (in_section("1 1 udp 1 ::1 9 typ host raddr ::1 rport x"), "invalid_candidate", "rport"),
     ],
 )
 def test_malformed_fragments_are_refused_with_the_line_at_fault(body: str, code: str, says: str):
@@ -315,3 +319,28 @@ async def test_client_that_trickles_all_its_candidates_connects_and_hears_itself
         await call.close()
     received = call.received()
     assert np.sqrt(np.mean(received**2)) > 0.25 * np.sqrt(np.mean(audio**2))
+
+
+async def test_patch_while_the_session_waits_for_a_resume_is_409(registry: EngineRegistry):
+    """A detached session has no ICE session to add candidates to until it is resumed."""
+    async with running_server(registry, rtp_timeout=0.5, resume_grace=10.0) as running:
+        with UdpRelay(seed=5) as relay:
+            call = PeerCall(
+                running.url,
+                np.zeros(10 * RTC_RATE, np.float32),
+                engine="echo",
+                whip=True,
+                offer_filter=relay.rewrite_offer,
+                answer_filter=relay.rewrite_answer,
+            )
+            async with call, aiohttp.ClientSession() as http:
+                assert call.answer is not None and call.answer.resource_url is not None
+                session = running.server.sessions.get(call.session_id or "")
+                relay.blackout()  # the caller's network is gone: no RTP, the session detaches
+                async with asyncio.timeout(5):
+                    while session.pc is not None:
+                        await asyncio.sleep(0.05)
+                url = call.answer.resource_url
+                status, _, body = await patch(http, url, "a=end-of-candidates\r\n", "*")
+    assert status == 409
+    assert '"session_detached"' in body
