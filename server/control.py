@@ -51,21 +51,17 @@ class Speaker(Protocol):
     def interrupt(self) -> int: ...
 
 
-def decode(raw: str | bytes) -> dict[str, Any]:
+def decode(raw: str | bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
     """Bytes or text to a JSON object, or a ControlError saying what is wrong."""
     if isinstance(raw, bytes):
-        if len(raw) > MAX_MESSAGE_BYTES:
-            raise ControlError(
-                "message_too_large", f"Messages are limited to {MAX_MESSAGE_BYTES} bytes."
-            )
+        if len(raw) > max_bytes:
+            raise ControlError("message_too_large", f"Messages are limited to {max_bytes} bytes.")
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ControlError("invalid_encoding", "Messages must be UTF-8 JSON.") from exc
-    if len(raw.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
-        raise ControlError(
-            "message_too_large", f"Messages are limited to {MAX_MESSAGE_BYTES} bytes."
-        )
+    if len(raw.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise ControlError("message_too_large", f"Messages are limited to {max_bytes} bytes.")
     try:
         payload = json.loads(raw)
     except (ValueError, RecursionError) as exc:

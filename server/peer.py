@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from signaling.ice import restrict_host_addresses
 log = logging.getLogger(__name__)
 
 WAVEFORM_PRESERVING = ("echo",)
+TOKEN_VARIABLE = "COSYRTC_AUTH_TOKEN"  # the server's own variable: one secret for both
 SILENCE_LEVEL = 1e-4  # peak below this: nothing audible came back
 
 
@@ -47,6 +49,7 @@ class PeerOptions:
     tail: float = 1.0
     options: dict[str, Any] | None = None
     codec: dict[str, Any] | None = None
+    token: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PeerOptions:
@@ -63,6 +66,7 @@ class PeerOptions:
             tail=args.tail,
             options=json.loads(args.options) if args.options else None,
             codec={"application": args.opus_application} if args.opus_application else None,
+            token=args.token or os.environ.get(TOKEN_VARIABLE) or None,
         )
 
     @property
@@ -108,6 +112,9 @@ def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ice-host", action="append", help="gather host candidates only here")
     parser.add_argument("--json", action="store_true", help="print one JSON report on stdout")
     parser.add_argument(
+        "--token", help=f"bearer token for a server with auth on [env {TOKEN_VARIABLE}]"
+    )
+    parser.add_argument(
         "--rtt",
         choices=("auto", "chirp", "envelope"),
         default="auto",
@@ -135,6 +142,7 @@ async def call(opts: PeerOptions) -> CallResult:
         codec=opts.codec,
         whip=opts.whip,
         shape=markers.process if markers else None,
+        token=opts.token,
     )
     error: str | None = None
     try:

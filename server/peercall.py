@@ -46,6 +46,7 @@ class PeerCall:
         offer_filter: Callable[[str], str] | None = None,
         answer_filter: Callable[[str], str] | None = None,
         resume: dict[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
         self.url = url if url.endswith("/") else url + "/"
         # SDP rewrites between the two peers (a test relay puts its own addresses in the
@@ -57,6 +58,7 @@ class PeerCall:
         self.codec = codec
         self.whip = whip
         self.resume = resume  # continue that session (``Answer.resume``) instead of a new one
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         # The peer encodes with the application it asks the server for, so a low-delay call
         # is low-delay both ways.
         application = Application[(codec or {}).get("application", "voip").upper()]
@@ -109,7 +111,7 @@ class PeerCall:
     async def connect(self) -> None:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         started = time.monotonic()
-        self._http = aiohttp.ClientSession()
+        self._http = aiohttp.ClientSession(headers=self._headers)
         sdp = self.pc.localDescription.sdp
         if self.offer_filter is not None:
             sdp = self.offer_filter(sdp)

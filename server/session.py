@@ -84,7 +84,7 @@ class Session:
         try:
             if not self.limits.admit(raw):
                 return
-            reply = apply(parse(decode(raw)), self.speaker)
+            reply = apply(parse(decode(raw, self.limits.max_bytes)), self.speaker)
         except ControlError as exc:
             reply = exc.event()
         if reply is not None:

@@ -18,8 +18,12 @@ import pytest
 from aiohttp import web
 
 from media.engines.registry import EngineRegistry
+from server.cli import build_parser
+from server.peer import PeerOptions
+from server.peercall import PeerCall
 from server.prompt_routes import MAX_PROMPT_BYTES
 from server.security import protect
+from signaling.client import SignalingError
 from signaling.errors import json_errors
 from signaling.ice import IceServer
 from tests.conftest import LOOPBACK, RunningServer, loopback_settings, running_server
@@ -457,3 +461,21 @@ async def test_page_files_have_their_content_types(
     async with http.get(server.url + path) as response:
         assert response.status == 200
         assert response.content_type in types
+
+
+async def test_the_headless_peer_calls_with_its_token(guarded: RunningServer):
+    audio = np.zeros(48_000, np.float32)
+    async with PeerCall(guarded.url, audio, engine="echo", token=USER_TOKEN) as peer:
+        assert peer.session_id is not None
+    with pytest.raises(SignalingError) as refused:
+        async with PeerCall(guarded.url, audio, engine="echo", token="wrong"):
+            pass
+    assert refused.value.status == 403
+
+
+def test_peer_token_comes_from_its_flag_or_the_server_variable(monkeypatch: pytest.MonkeyPatch):
+    argv = ["peer", "--url", "http://127.0.0.1:1", "--input", "a.wav", "--output", "b.wav"]
+    monkeypatch.setenv("COSYRTC_AUTH_TOKEN", "from-env")
+    assert PeerOptions.from_args(build_parser().parse_args(argv)).token == "from-env"
+    flagged = build_parser().parse_args([*argv, "--token", "from-flag"])
+    assert PeerOptions.from_args(flagged).token == "from-flag"

@@ -532,7 +532,7 @@ async def test_delete_twice_is_404_the_second_time(
         ("GET", "sessions/abc/extra"),
         ("POST", "offer/extra"),
         ("POST", "whip/echo/extra"),
-        ("DELETE", "sessions"),
+        ("DELETE", "sessions/abc/events/extra"),
         ("GET", "web/../../etc/passwd"),
     ],
 )
@@ -545,7 +545,14 @@ async def test_unknown_route_is_404_json(
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "offer"), ("PUT", "whip"), ("GET", "whip"), ("POST", "healthz"), ("POST", "")],
+    [
+        ("GET", "offer"),
+        ("PUT", "whip"),
+        ("GET", "whip"),
+        ("POST", "healthz"),
+        ("POST", ""),
+        ("DELETE", "sessions"),
+    ],
 )
 async def test_wrong_method_is_405_json(
     server: RunningServer, http: aiohttp.ClientSession, method: str, path: str
