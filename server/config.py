@@ -11,6 +11,7 @@ import argparse
 import ipaddress
 import math
 import os
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,10 +228,25 @@ def _validate(settings: Settings) -> None:
         if not 0 <= getattr(settings, name) < math.inf:
             flag = name.replace("_", "-")
             raise SettingsError(f"--{flag} ({ENV_PREFIX}{name.upper()}) must be >= 0 and finite")
+    for origin in settings.cors_origins:
+        _require_origin(origin)
     for address in settings.ice_hosts:
         _require_ip(address, "ice-host")
     if settings.announce_ip is not None:
         _require_ip(settings.announce_ip, "announce-ip")
+
+
+def _require_origin(origin: str) -> None:
+    """``*`` or an origin exactly as browsers send it: scheme://host[:port], no path."""
+    parsed = urllib.parse.urlsplit(origin)
+    exact = f"{parsed.scheme}://{parsed.netloc}"
+    if origin != "*" and (
+        parsed.scheme not in ("http", "https") or not parsed.netloc or origin != exact
+    ):
+        raise SettingsError(
+            f"--cors-origin ({ENV_PREFIX}CORS_ORIGIN) must be * or scheme://host[:port] "
+            f"with no path or trailing slash, got {origin!r}"
+        )
 
 
 def _require_ip(address: str, flag: str) -> None:

@@ -223,6 +223,9 @@ def test_ice_host_variable_separators(value: str):
         (["--rtp-port-range", "50000-40000"], "--rtp-port-range"),
         (["--rtp-port-range", "80-90"], "--rtp-port-range"),
         (["--log-format", "xml"], "--log-format"),
+        (["--cors-origin", "https://app.example/"], "--cors-origin"),
+        (["--cors-origin", "app.example"], "--cors-origin"),
+        (["--cors-origin", "ftp://app.example"], "--cors-origin"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
