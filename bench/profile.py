@@ -1,15 +1,17 @@
 """Where the server's core goes at a fixed number of sessions: a py-spy profile, by module.
 
     .venv/bin/python -m bench.profile [--sessions 30] [--engine echo] [--seconds 20]
-                                      [--native] [--speedscope PATH]
+                                      [--native] [--keep-stacks PATH]
 
 Needs py-spy (``pip install -e '.[bench]'``). The server runs pinned to core 0 with
 ``--sessions`` cheap load callers (three of them probes, for RTT) from this process on
-core 1. Once they settle, py-spy samples the server's event-loop thread for ``--seconds``
-without pausing it (``--nonblocking``, so the calls being measured are not slowed by the
-profiler). Each sample is charged to the innermost frame that belongs to a known part (our
-receive path, Opus, SRTP, DTLS, RTP handling, pacing...); samples with only standard-library
-frames are the event loop's own work, and samples waiting in ``select`` are idle time.
+core 1. Once they settle, py-spy samples the server's event-loop thread for ``--seconds``,
+pausing it for each sample (without that its stacks come out torn). Each sample is charged
+to the innermost frame that belongs to a known part (our receive path, Opus, SRTP, RTP
+handling, pacing...); samples with only standard-library frames are the event loop's own
+work, and samples waiting in ``select`` are idle time. A sample is wall time: where other
+processes share the server's core, "idle" understates the headroom, but the busy shares
+still compare the parts with each other.
 Writes bench/results/profile.json.
 """
 
@@ -42,18 +44,19 @@ from bench.common import ROOT, free_port, print_table, spawned_server, write_res
 from signaling.ice import restrict_host_addresses
 
 RATE_HZ = 100
-# (part of a file's path, what it is); the innermost frame that matches names the sample.
+# (where a file lives, what it is): a path under site-packages/ or under this repository.
+# The innermost frame that matches one names the sample.
 PARTS = (
     ("media/opus.py", "Opus encode/decode (libopus via ctypes)"),
     ("pylibsrtp/", "SRTP protect/unprotect (pylibsrtp)"),
-    ("OpenSSL/", "DTLS and crypto (pyOpenSSL)"),
-    ("cryptography/", "DTLS and crypto (pyOpenSSL)"),
+    ("OpenSSL/", "DTLS and crypto (pyOpenSSL, cryptography)"),
+    ("cryptography/", "DTLS and crypto (pyOpenSSL, cryptography)"),
     ("aioice/", "ICE and UDP transport (aioice)"),
     ("aiortc/rtcsctptransport.py", "SCTP data channel (aiortc)"),
     ("aiortc/rtp.py", "RTP/RTCP parsing and serialising (aiortc)"),
     ("aiortc/rtcrtpreceiver.py", "RTP receiver (aiortc)"),
     ("aiortc/rtcrtpsender.py", "RTP sender (aiortc)"),
-    ("aiortc/rtcdtlstransport.py", "DTLS transport demux (aiortc)"),
+    ("aiortc/rtcdtlstransport.py", "DTLS transport: RTP demux (aiortc)"),
     ("aiortc/", "other aiortc"),
     ("media/receive.py", "our receive path (jitter, decode, PLC)"),
     ("media/pacing.py", "pacing"),
@@ -68,85 +71,108 @@ PARTS = (
 IDLE = "idle (waiting in select)"
 LOOP = "asyncio loop and standard library"
 OTHER = "other third-party"
-STDLIB_MARKERS = ("/lib/python3", "<frozen", "asyncio/", "selectors.py", "threading.py")
+SITE = "site-packages/"
 
 
 def parse_frame(frame: str) -> tuple[str, str]:
-    """``function (path:line)`` -> (function, path); py-spy's raw format."""
-    function, _, rest = frame.partition(" (")
-    return function, rest.rsplit(":", 1)[0]
+    """``Class.function (path:line)`` -> (function, path); py-spy's raw format."""
+    function, _, rest = frame.rpartition(" (")
+    return function.rsplit(".", 1)[-1], rest.rsplit(":", 1)[0]
 
 
 def part_of(path: str) -> str | None:
-    for marker, label in PARTS:
-        if marker in path:
-            return label
-    return None
-
-
-def is_stdlib(path: str) -> bool:
-    return "site-packages" not in path and any(m in path for m in STDLIB_MARKERS)
+    """The part a file belongs to; None for the standard library."""
+    if SITE in path:
+        where = path.split(SITE, 1)[1]
+    elif path.startswith(f"{ROOT}/"):
+        where = path[len(f"{ROOT}/") :]
+    else:
+        return None
+    return next((label for marker, label in PARTS if where.startswith(marker)), OTHER)
 
 
 def classify(frames: list[str]) -> str:
-    """The part one sample belongs to; ``frames`` run from the root to the leaf."""
+    """The part one sample belongs to; ``frames`` run from the root to the leaf.
+
+    Only frames above the loop's ``_run_once`` count: below it is the process's start-up
+    (``server/cli.py`` and friends), on every stack.
+    """
     function, path = parse_frame(frames[-1])
-    if function in ("select", "poll") and "selectors.py" in path:
+    if function in ("select", "poll") and path.endswith("selectors.py"):
         return IDLE
-    for frame in reversed(frames):
-        _, path = parse_frame(frame)
-        label = part_of(path)
+    for frame in reversed(above_loop(frames)):
+        label = part_of(parse_frame(frame)[1])
         if label is not None:
             return label
-        if not is_stdlib(path) and "site-packages" in path:
-            return OTHER
     return LOOP
 
 
-def main_thread_stacks(lines: Iterable[str]) -> Counter[tuple[str, ...]]:
-    """Collapsed stacks of the event-loop thread (the one running ``run_forever``).
+def above_loop(frames: list[str]) -> list[str]:
+    """The frames the event loop called, without the start-up frames below it."""
+    loop = [i for i, f in enumerate(frames) if parse_frame(f)[0] == "_run_once"]
+    return frames[loop[-1] + 1 :] if loop else frames
 
-    With ``--threads`` each stack starts with the process, then a ``thread (0x..)`` entry;
-    engine and pool threads idle in their own waits and are left out.
+
+def main_thread_stacks(lines: Iterable[str]) -> Counter[tuple[str, ...]]:
+    """Collapsed stacks of the event-loop thread, root first.
+
+    With ``--threads`` each stack starts with ``thread (id): name``; the engine and pool
+    threads, idle in their own waits, are left out.
     """
     stacks: Counter[tuple[str, ...]] = Counter()
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
-        if not stack:
-            continue
-        frames = stack.split(";")
-        body = [f for f in frames if not f.startswith(("process ", "thread "))]
-        if any(f.startswith("run_forever ") for f in body):
-            stacks[tuple(body)] += int(count)
+        thread, _, body = stack.partition(";")
+        if thread.startswith("thread (") and thread.endswith(": MainThread") and body:
+            stacks[tuple(body.split(";"))] += int(count)
     return stacks
 
 
-def summarise(stacks: Counter[tuple[str, ...]], server_cpu: float) -> dict[str, Any]:
+def short(path: str) -> str:
+    """A file's path from its package: ``aiortc/rtp.py``, ``media/opus.py``, ``asyncio/...``."""
+    if SITE in path:
+        return path.split(SITE, 1)[1]
+    if path.startswith(f"{ROOT}/"):
+        return path[len(f"{ROOT}/") :]
+    return path.split("/lib/python3.11/", 1)[-1]
+
+
+def charged_file(frames: list[str]) -> str:
+    """The innermost file outside the standard library, or the leaf's when there is none."""
+    for frame in reversed(above_loop(frames)):
+        path = parse_frame(frame)[1]
+        if part_of(path) is not None:
+            return short(path)
+    return short(parse_frame(frames[-1])[1])
+
+
+def summarise(stacks: Counter[tuple[str, ...]]) -> dict[str, Any]:
+    """Shares by part, by file charged and by leaf function (self time)."""
     total = sum(stacks.values())
     parts: Counter[str] = Counter()
+    files: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
     for frames, count in stacks.items():
         label = classify(list(frames))
         parts[label] += count
         if label != IDLE:
+            files[charged_file(list(frames))] += count
             function, path = parse_frame(frames[-1])
-            leaves[f"{function} ({path.split('site-packages/')[-1]})"] += count
-    busy = total - parts[IDLE]
+            leaves[f"{function} ({short(path)})"] += count
+    busy = max(total - parts[IDLE], 1)
+
+    def shares(counter: Counter[str], key: str, top: int) -> list[dict[str, Any]]:
+        return [
+            {key: name, "busy_pct": round(100 * count / busy, 1)}
+            for name, count in counter.most_common(top)
+        ]
+
     return {
         "samples": total,
-        "server_cpu": server_cpu,
-        "parts": [
-            {
-                "part": label,
-                "share_of_samples_pct": round(100 * count / total, 1),
-                "share_of_busy_pct": round(100 * count / busy, 1) if label != IDLE else None,
-            }
-            for label, count in parts.most_common()
-        ],
-        "top_leaf_functions": [
-            {"function": name, "share_of_busy_pct": round(100 * count / busy, 1)}
-            for name, count in leaves.most_common(15)
-        ],
+        "idle_pct": round(100 * parts.pop(IDLE, 0) / max(total, 1), 1),
+        "parts": shares(parts, "part", len(parts)),
+        "files": shares(files, "file", 15),
+        "leaf_functions": shares(leaves, "function", 15),
     }
 
 
@@ -159,7 +185,7 @@ async def profile(args: argparse.Namespace, py_spy: str) -> dict[str, Any]:
         with spawned_server(command, port, core=0) as handle:
             record = [py_spy, "record", "--pid", str(handle.pid), "--rate", str(RATE_HZ)]
             record += ["--duration", str(int(args.seconds)), "--format", "raw"]
-            record += ["--output", str(raw), "--threads", "--idle", "--nonblocking"]
+            record += ["--output", str(raw), "--threads", "--idle", "--full-filenames"]
             record += ["--native"] if args.native else []
             async with aiohttp.ClientSession() as http:
                 probes = probes_for(args.sessions)
@@ -182,7 +208,7 @@ async def profile(args: argparse.Namespace, py_spy: str) -> dict[str, Any]:
             shutil.copyfile(raw, args.keep_stacks)
         stacks = main_thread_stacks(raw.read_text().splitlines())
     row["connect_failures"] = failed
-    return {**row, **summarise(stacks, row["server_cpu"])}
+    return {**row, **summarise(stacks)}
 
 
 def main() -> int:
@@ -208,9 +234,12 @@ def main() -> int:
         f"RTT p50/p95 {result['rtt_ms_p50']}/{result['rtt_ms_p95']} ms, "
         f"{result['samples']} samples of the event-loop thread\n"
     )
-    print_table(result["parts"], ["part", "share_of_samples_pct", "share_of_busy_pct"])
+    print(f"idle: {result['idle_pct']} % of samples; the rest, by part:")
+    print_table(result["parts"], ["part", "busy_pct"])
     print()
-    print_table(result["top_leaf_functions"], ["function", "share_of_busy_pct"])
+    print_table(result["files"], ["file", "busy_pct"])
+    print()
+    print_table(result["leaf_functions"], ["function", "busy_pct"])
     path = write_results(
         "profile",
         {

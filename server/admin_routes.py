@@ -1,7 +1,8 @@
 """Operator routes of a process that owns sessions: ``GET /sessions`` and ``GET /readyz``.
 
 ``/healthz`` says the process is alive; ``/readyz`` says whether it should be sent new
-sessions: engines loaded, below capacity and not draining. A load balancer takes a node
+sessions: the default engine loaded and not refused by its circuit breaker, below capacity
+and not draining. A load balancer takes a node
 out of rotation on 503 and puts it back on 200, without touching its live sessions.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from statistics import fmean
 from typing import Any
 
 from aiohttp import web
@@ -23,8 +25,9 @@ def session_summary(session: Session) -> dict[str, Any]:
     """One line of the session list: who, what, how long, and whether audio flows."""
     pipeline = session.pipeline
     in_to_out = None
-    if isinstance(pipeline, TransformPipeline):
-        in_to_out = pipeline.latency.summary_ms()["in_to_out_ms"]
+    if isinstance(pipeline, TransformPipeline) and pipeline.latency.recent:
+        # The last second's mean: a list of many sessions cannot afford a median each.
+        in_to_out = round(1000 * fmean(pipeline.latency.recent), 2)
     return {
         "session_id": session.id,
         "engine": session.engine.name,
@@ -63,6 +66,8 @@ class AdminRoutes:
         reasons = []
         if self._settings.engine not in self._engines:
             reasons.append("engines_not_loaded")
+        elif self._manager.breakers[self._settings.engine].is_open:
+            reasons.append("engine_circuit_open")  # the default engine failed repeatedly
         if self._manager.draining:
             reasons.append("draining")
         if self._manager.at_capacity:

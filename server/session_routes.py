@@ -24,8 +24,10 @@ async def _json_body(request: web.Request) -> Any:
         got = request.content_type or "none"
         raise ApiError(415, "unsupported_media_type", f"Send {JSON_TYPE} (got {got}).")
     try:
-        return json.loads(await request.text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        # JSON is UTF-8 (RFC 8259 section 8.1): a charset parameter is not obeyed, so an
+        # unknown one cannot fail the decoding.
+        return json.loads((await request.read()).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # also bad UTF-8, a 5000-digit number
         raise ApiError(400, "invalid_json", "The body is not valid JSON.") from exc
 
 

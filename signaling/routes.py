@@ -7,6 +7,7 @@ or engines, it only passes the engine's name through.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -65,8 +66,11 @@ class CodecRequest:
             )
         bitrate = raw.get("bitrate")
         if bitrate is not None:
-            if isinstance(bitrate, str) and bitrate.isdigit():
-                bitrate = int(bitrate)
+            # ASCII digits only: str.isdigit() also accepts '²', which int() refuses, and
+            # int() refuses past 4300 digits (out of range anyway).
+            if isinstance(bitrate, str) and bitrate.isascii() and bitrate.isdigit():
+                with contextlib.suppress(ValueError):
+                    bitrate = int(bitrate)
             if (
                 isinstance(bitrate, bool)
                 or not isinstance(bitrate, int)
@@ -161,6 +165,10 @@ def _parse_offer_json(
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ApiError(400, "invalid_json", f"The body is not valid JSON: {exc.msg}.") from exc
+    except (ValueError, RecursionError) as exc:  # a number past int's digit limit, deep nesting
+        raise ApiError(
+            400, "invalid_json", "The body nests too deeply or has a number too long to read."
+        ) from exc
     if not isinstance(payload, dict):
         raise ApiError(400, "invalid_request", "The body must be a JSON object.")
     sdp, kind = payload.get("sdp"), payload.get("type")

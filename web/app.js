@@ -203,8 +203,12 @@ function callHandlers() {
       updateControls();
     },
     onMessage: onServerEvent,
+    onReconnecting,
     onServerClosed() {
       endCall("The server ended the call. Press Start to call again.", true);
+    },
+    onLost(message) {
+      endCall(message, true);
     },
     onMicrophoneEnded() {
       endCall("The microphone stopped. Press Start to try again.", true);
@@ -221,9 +225,18 @@ function onConnectionState(state) {
     startBrowserStats();
   } else if (state === "disconnected") {
     setMessage("The connection was interrupted; trying to recover…");
-  } else if (state === "failed") {
-    endCall("The connection to the server failed. Press Start to try again.", true);
   }
+}
+
+// The call is moving to a new connection (call.js): no channel and no browser stats meanwhile.
+function onReconnecting(attempt) {
+  connectionState = "reconnecting";
+  channelOpen = false;
+  clearInterval(statsTimer);
+  updateControls();
+  setBadge(ui.connectionState, "reconnecting");
+  setMessage("Reconnecting…");
+  log.add("local", "reconnecting", `attempt ${attempt}`);
 }
 
 function connectedMessage() {

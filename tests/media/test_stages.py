@@ -28,7 +28,8 @@ STAGE_SUM_TOLERANCE_MS = 2.0
 def row(stages: TransformStages | SpeakStages) -> dict[str, float]:
     """The last frame's stages (and in-to-out), in ms."""
     names = (*stages.window.names, *stages.window.extra)
-    return {name: round(value * 1000, 6) for name, value in zip(names, stages.window.rows[-1])}
+    last = stages.window.rows[-1]
+    return {name: round(value * 1000, 6) for name, value in zip(names, last, strict=True)}
 
 
 def test_a_duration_lands_in_the_first_bucket_at_or_above_it():
@@ -168,9 +169,14 @@ async def test_a_speak_sessions_stages_are_synthesis_buffer_pacing_and_encode(
         async with PeerCall(running.url, silence, engine="piper") as peer:
             await peer.send({"type": "speak", "text": "Where does the time go?"})
             await peer.wait_for("speech_finished", timeout=15.0)
-            described = running.server.sessions.get(peer.session_id or "").describe()
+            session = running.server.sessions.get(peer.session_id or "")
+            described = session.describe()
+            histograms = session.pipeline.stages
+            assert isinstance(histograms, SpeakStages)
     stages = described["stats"]["stages_ms"]
     assert set(stages) == {"frames", *SPEAK_STAGES}
     assert stages["frames"] > 10
     assert stages["synthesis"]["mean"] > 0.0
     assert stages["encode"]["mean"] > 0.0
+    assert histograms.first_audio.count == 1
+    assert histograms.synthesis.count > 0
