@@ -7,11 +7,13 @@ and counted: for live audio, old audio is worth less than new audio.
 
 from __future__ import annotations
 
+import mmap
 import weakref
 
 import numpy as np
 
 _live: weakref.WeakSet[RingBuffer] = weakref.WeakSet()
+_SAMPLE_BYTES = np.dtype(np.float32).itemsize
 
 
 def live_buffers() -> int:
@@ -25,7 +27,12 @@ class RingBuffer:
     def __init__(self, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError("capacity must be positive")
-        self._data = np.zeros(capacity, dtype=np.float32)
+        # Anonymous mmap, not np.zeros: the kernel zero-fills pages as they are first used
+        # and takes all of them back when the buffer is freed. glibc, once it has freed one
+        # large block, serves later ones of that size from its heap instead, zeroed by hand
+        # (so resident at once) and often kept after free: every speak session's 120 s
+        # buffer (23 MB) then stayed in RSS, 1.6 GB after 200 sessions had come and gone.
+        self._data = np.frombuffer(mmap.mmap(-1, capacity * _SAMPLE_BYTES), dtype=np.float32)
         self._start = 0
         self._size = 0
         self.dropped = 0

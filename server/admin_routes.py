@@ -1,8 +1,9 @@
 """Operator routes of a process that owns sessions: ``GET /sessions`` and ``GET /readyz``.
 
 ``/healthz`` says the process is alive; ``/readyz`` says whether it should be sent new
-sessions: the default engine loaded and not refused by its circuit breaker, below capacity
-and not draining. A load balancer takes a node
+sessions: its default engine not refused by its circuit breaker, below capacity and not
+draining. Engines load before the app exists (``create_app`` refuses a default engine that
+did not load), so a process that answers has its engines. A load balancer takes a node
 out of rotation on 503 and puts it back on 200, without touching its live sessions.
 """
 
@@ -49,10 +50,9 @@ def readiness(reasons: Sequence[str], **details: Any) -> web.Response:
 
 
 class AdminRoutes:
-    def __init__(self, manager: SessionManager, settings: Settings, engines: Sequence[str]):
+    def __init__(self, manager: SessionManager, settings: Settings) -> None:
         self._manager = manager
         self._settings = settings
-        self._engines = engines
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/sessions", self.sessions)
@@ -64,9 +64,7 @@ class AdminRoutes:
 
     async def readyz(self, request: web.Request) -> web.Response:
         reasons = []
-        if self._settings.engine not in self._engines:
-            reasons.append("engines_not_loaded")
-        elif self._manager.breakers[self._settings.engine].is_open:
+        if self._manager.breakers[self._settings.engine].is_open:
             reasons.append("engine_circuit_open")  # the default engine failed repeatedly
         if self._manager.draining:
             reasons.append("draining")

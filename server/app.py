@@ -115,7 +115,7 @@ def create_app(
     SessionRoutes(server.sessions).register(app)
     prompt_routes.register(app, server.sessions)
     protect(app, settings, register_page(app))
-    observability.register(app, server.sessions, settings, registry.names)
+    observability.register(app, server.sessions, settings)
 
     async def on_shutdown(app: web.Application) -> None:
         await server.close()

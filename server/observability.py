@@ -9,7 +9,6 @@ the session a request concerns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -46,16 +45,14 @@ def _run_metrics(app: web.Application, metrics: ProcessMetrics) -> None:
     app.on_cleanup.append(stop)
 
 
-def register(
-    app: web.Application, manager: SessionManager, settings: Settings, engines: Sequence[str]
-) -> ProcessMetrics:
+def register(app: web.Application, manager: SessionManager, settings: Settings) -> ProcessMetrics:
     """``/metrics``, ``/sessions``, ``/readyz`` and ``/openapi.json`` for this process."""
     metrics = ProcessMetrics(manager)
     assert metrics.sessions is not None
     app[METRICS_KEY] = metrics
     _add_middlewares(app, metrics.offer_counter(adopt_created(manager, metrics.sessions)))
     app.router.add_get("/metrics", metrics.handle)
-    AdminRoutes(manager, settings, engines).register(app)
+    AdminRoutes(manager, settings).register(app)
     openapi.register(app)
     _run_metrics(app, metrics)
     return metrics

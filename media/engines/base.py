@@ -12,6 +12,7 @@ the remainder in its state and returns as many samples as it could produce.
 from __future__ import annotations
 
 import enum
+import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
@@ -77,10 +78,12 @@ class OptionSpec:
         if self.type in ("number", "integer"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise OptionsError(f"option '{self.name}' must be a number")
+            # Finite first (int() of inf or NaN raises); a Python int always is, however
+            # large, where np.isfinite refuses one past 64 bits.
+            if isinstance(value, float) and not math.isfinite(value):
+                raise OptionsError(f"option '{self.name}' must be finite")
             if self.type == "integer" and int(value) != value:
                 raise OptionsError(f"option '{self.name}' must be an integer")
-            if not np.isfinite(value):
-                raise OptionsError(f"option '{self.name}' must be finite")
             if self.minimum is not None and value < self.minimum:
                 raise OptionsError(f"option '{self.name}' must be >= {self.minimum}")
             if self.maximum is not None and value > self.maximum:

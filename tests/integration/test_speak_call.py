@@ -266,6 +266,9 @@ async def test_bad_messages_get_specific_errors_and_the_session_keeps_working(
         (json.dumps({"type": "speak", "text": "   "}), "missing_text"),
         (json.dumps({"type": "speak", "text": "x" * 5000}), "text_too_long"),
         (json.dumps({"type": "speak", "text": "hi", "id": 7}), "invalid_id"),
+        # Found by fuzzing: json.loads raises ValueError, not JSONDecodeError, for a number
+        # past Python's 4300-digit limit, and the message went unanswered.
+        ('{"type": "speak", "text": "hi", "id": ' + "9" * 5000 + "}", "invalid_json"),
     ]
     async with PeerCall(server.url, silence(20), engine="piper") as call:
         for raw, code in cases:
@@ -288,3 +291,9 @@ async def test_bad_messages_get_specific_errors_and_the_session_keeps_working(
                 assert (await response.json())["error"] == "missing_text"
             async with http.post(url, data="text", headers={"Content-Type": "text/plain"}) as r:
                 assert r.status == 415
+            # Found by fuzzing: both were 500s (an unknown charset, a 5000-digit number).
+            bogus = {"Content-Type": "application/json; charset=bogus"}
+            async with http.post(url, data='{"text": ""}', headers=bogus) as response:
+                assert (await response.json())["error"] == "missing_text"
+            async with http.post(url, data="9" * 5000, headers=bogus) as response:
+                assert (await response.json())["error"] == "invalid_json"

@@ -272,6 +272,28 @@ OFFER_CASES = [
         400,
         "invalid_options",
     ),
+    # Found by fuzzing, each a 500 before: np.isfinite refuses an int past 64 bits, json
+    # raises ValueError (not JSONDecodeError) past 4300 digits and RecursionError when nested
+    # too deep, and int() refuses the digit '²' that str.isdigit() accepts.
+    RequestCase(
+        "option-past-64-bits",
+        offer_json(engine="denoise", options={"atten_lim_db": 10**20}),
+        400,
+        "invalid_options",
+    ),
+    RequestCase(
+        "json-number-past-digit-limit",
+        lambda sdp: offer_json()(sdp)[:-1] + ', "x": ' + "9" * 5000 + "}",
+        400,
+        "invalid_json",
+    ),
+    RequestCase("json-nested-too-deep", lambda sdp: "[" * 5000 + "]" * 5000, 400, "invalid_json"),
+    RequestCase(
+        "codec-bitrate-superscript-digit",
+        offer_json(codec={"bitrate": "\u00b2"}),
+        400,
+        "invalid_codec",
+    ),
     RequestCase(
         "option-infinity",
         lambda sdp: (
@@ -321,6 +343,17 @@ async def test_whip_unknown_engine_is_not_found(
 ):
     async with await post(http, server.url + f"whip/{engine}", await new_offer(), SDP) as response:
         await expect_error(response, 404, "unknown_engine")
+
+
+@pytest.mark.parametrize("bitrate", ["\u00b2", "4" * 4400], ids=["superscript", "4400-digits"])
+async def test_whip_bitrate_that_int_cannot_read_is_refused(
+    server: RunningServer, http: aiohttp.ClientSession, bitrate: str
+):
+    """Found by fuzzing: ``?bitrate=²`` passed str.isdigit(), then int() raised: a 500."""
+    params = {"bitrate": bitrate}
+    async with await post(http, server.url + "whip", await new_offer(), SDP, params=params) as r:
+        await expect_error(r, 400, "invalid_codec")
+    assert len(server.server.sessions) == 0
 
 
 async def test_denoise_options_at_the_range_limits_are_accepted(
