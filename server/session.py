@@ -41,6 +41,7 @@ class Session:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # lifecycle tasks
     grace: asyncio.Task[None] | None = None
     resumes: int = 0
+    close_reason: str | None = None  # why it ended, once it has
     opened_at: float = field(default_factory=time.time)  # wall clock, for the session list
     connected: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)

@@ -45,6 +45,7 @@ SESSION_COUNTERS = {
     "underruns": "Output slots that ended with no audio ready (sent as silence).",
     "backlog_dropped_seconds": "Output audio dropped to keep a transform's latency bounded.",
     "engine_errors": "Engine calls or syntheses that failed.",
+    "resumes": "Sessions continued on a new connection after a dropped one.",
 }
 # Per-session histograms: name -> help. Exposed as ``cosyrtc_<name>{engine}``.
 SESSION_HISTOGRAMS = {
@@ -69,6 +70,7 @@ def session_counters(session: Session) -> dict[str, float]:
         "frames_silence": output.silence_sent,
         "underruns": output.pacer.underruns,
         "backlog_dropped_seconds": output.pacer.backlog_dropped / RTC_RATE,
+        "resumes": session.resumes,
     }
     if isinstance(pipeline, TransformPipeline):
         stats = pipeline.stats
@@ -122,7 +124,7 @@ class _EngineTotals:
         default_factory=lambda: {name: DurationHistogram() for name in SESSION_HISTOGRAMS}
     )
     created: int = 0
-    closed: int = 0
+    closed: dict[str, int] = field(default_factory=dict)  # by reason
 
     def add(self, counts: dict[str, float], histograms: dict[str, DurationHistogram]) -> None:
         for name, value in counts.items():
@@ -161,7 +163,8 @@ class SessionCollector(Collector):
                 del self._tracked[session_id]
                 totals = self._totals(tracked.session.engine.name)
                 totals.add(tracked.read(), session_histograms(tracked.session))
-                totals.closed += 1
+                reason = tracked.session.close_reason or "unknown"
+                totals.closed[reason] = totals.closed.get(reason, 0) + 1
 
     async def refresh(self) -> None:
         """Take the sums now, on the event loop; ``collect`` (in any thread) formats them.
@@ -174,7 +177,7 @@ class SessionCollector(Collector):
         snapshot = _Snapshot()
         for engine, closed in self._closed.items():
             totals = snapshot.engine(engine)
-            totals.created, totals.closed = closed.created, closed.closed
+            totals.created, totals.closed = closed.created, dict(closed.closed)
             totals.add(closed.counters, closed.histograms)
         for index, tracked in enumerate(list(self._tracked.values())):
             if index and index % REFRESH_BATCH == 0:
@@ -231,12 +234,13 @@ class _Snapshot:
             f"{PREFIX}_sessions_created", "Sessions opened.", labels=["engine"]
         )
         closed = CounterMetricFamily(
-            f"{PREFIX}_sessions_closed", "Sessions ended.", labels=["engine"]
+            f"{PREFIX}_sessions_closed", "Sessions ended, by reason.", labels=["engine", "reason"]
         )
         engines = sorted(self.per_engine.items())
         for engine, totals in engines:
             created.add_metric([engine], totals.created)
-            closed.add_metric([engine], totals.closed)
+            for reason, count in sorted(totals.closed.items()):
+                closed.add_metric([engine, reason], count)
         yield created
         yield closed
         for name, documentation in SESSION_COUNTERS.items():

@@ -277,7 +277,7 @@ class SessionManager:
             elif pc.connectionState == "failed":
                 self._spawn(self._lose_connection(session, "the connection failed"))
             elif pc.connectionState == "closed":
-                self._close_soon(session.id)
+                self._close_soon(session.id, "connection_closed")
 
         try:
             await pc.setRemoteDescription(RTCSessionDescription(request.sdp, "offer"))
@@ -339,7 +339,7 @@ class SessionManager:
             await self._detach(session, why)
         else:
             log.info("session %s: %s, closing", session.id, why)
-            await self._close_if_open(session.id)
+            await self._close_if_open(session.id, "connection_lost")
 
     async def _detach(self, session: Session, why: str) -> None:
         pc = session.pc
@@ -360,7 +360,7 @@ class SessionManager:
         await asyncio.sleep(self._settings.resume_grace)
         session.grace = None
         log.info("session %s: not resumed within its grace period", session.id)
-        await self._close_if_open(session.id)
+        await self._close_if_open(session.id, "not_resumed")
 
     # --- lifecycle tasks ---------------------------------------------------------------
 
@@ -383,7 +383,7 @@ class SessionManager:
                 await session.connected.wait()
         except TimeoutError:
             log.info("session %s: not connected after %.0f s, closing", session.id, deadline)
-            self._close_soon(session.id)
+            self._close_soon(session.id, "ice_timeout")
 
     async def _watch_media(self, session: Session) -> None:
         """Detach a connected session whose caller has sent no RTP for ``rtp_timeout``."""
@@ -409,21 +409,23 @@ class SessionManager:
         await asyncio.sleep(limit)
         session.events.publish({"type": "session_ended", "reason": "max_duration"})
         log.info("session %s: reached the %.0f s limit, closing", session.id, limit)
-        self._close_soon(session.id)
+        self._close_soon(session.id, "max_duration")
 
     # --- closing -----------------------------------------------------------------------
 
-    def _close_soon(self, session_id: str) -> None:
-        self._spawn(self._close_if_open(session_id))
+    def _close_soon(self, session_id: str, reason: str) -> None:
+        self._spawn(self._close_if_open(session_id, reason))
 
-    async def _close_if_open(self, session_id: str) -> None:
+    async def _close_if_open(self, session_id: str, reason: str) -> None:
         if session_id in self._sessions:
-            await self.close_session(session_id)
+            await self.close_session(session_id, reason)
 
-    async def close_session(self, session_id: str) -> None:
+    async def close_session(self, session_id: str, reason: str = "deleted") -> None:
+        """End a session; ``reason`` is what metrics count it under."""
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise ApiError(404, "session_not_found", "No live session has that id.")
+        session.close_reason = reason
         if not self._sessions:
             self._empty.set()
         current = asyncio.current_task()
@@ -458,7 +460,7 @@ class SessionManager:
 
     async def close_all(self) -> None:
         for session_id in list(self._sessions):
-            await self.close_session(session_id)
+            await self.close_session(session_id, "shutdown")
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 

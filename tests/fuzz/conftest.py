@@ -57,12 +57,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for family, count in sorted(OPENED.items()):
         terminalreporter.write_line(f"sessions opened by valid inputs, {family}: {count}")
 
-
-@pytest.fixture(autouse=True)
-def _debug_rss(request):
-    from tests.fuzz.harness import rss_bytes
-    import gc
-    before = rss_bytes()
-    yield
-    gc.collect()
-    print(f"\nDEBUG RSS {request.node.name}: {before/2**20:.0f} -> {rss_bytes()/2**20:.0f} MiB")

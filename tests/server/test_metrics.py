@@ -93,7 +93,7 @@ async def test_metrics_count_sessions_frames_and_refusals_and_never_go_backwards
     assert value(during, "process_cpu_seconds_total") > 0
 
     assert value(after, "cosyrtc_sessions_live", engine="echo", kind="transform") == 0
-    assert value(after, "cosyrtc_sessions_closed_total", **echo) == 1
+    assert value(after, "cosyrtc_sessions_closed_total", **echo, reason="deleted") == 1
     for name in SESSION_COUNTERS:
         total = f"cosyrtc_{name}_total"
         assert value(after, total, **echo) >= value(during, total, **echo), name
@@ -112,7 +112,7 @@ def fake_session(receive: ReceiveStats) -> Any:
     pipeline = SimpleNamespace(
         receive_stats=receive, output=output, stats=SimpleNamespace(synthesis_errors=0)
     )
-    return SimpleNamespace(pipeline=pipeline)
+    return SimpleNamespace(pipeline=pipeline, resumes=0)
 
 
 def test_counts_carry_over_when_a_resumed_session_gets_a_new_receive_path():
