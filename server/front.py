@@ -25,12 +25,11 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from server import observability
+from server import observability, refusals
 from server.app import register_page
 from server.config import Settings
 from server.prompt_routes import MAX_PROMPT_BYTES
 from server.security import protect
-from server.sessions import RETRY_AFTER_SECONDS
 from server.worker import session_prefix
 from signaling.bodies import read_body
 from signaling.errors import ApiError, json_errors
@@ -126,21 +125,11 @@ class Front:
     def place(self) -> Worker:
         """The least-loaded live worker, or 503 when the server is full."""
         if self.draining:
-            raise ApiError(
-                503,
-                "draining",
-                "The server is shutting down and takes no new sessions.",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-            )
+            raise refusals.draining()
         live = [w for w in self.workers if w.alive]
         total = sum(w.sessions + w.placing for w in live)
         if not live or total >= self.settings.max_sessions:
-            raise ApiError(
-                503,
-                "at_capacity",
-                "The server is at capacity; retry shortly.",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-            )
+            raise refusals.at_capacity()
         return min(live, key=lambda w: w.load)
 
     def owner(self, session_id: str) -> Worker:

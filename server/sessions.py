@@ -37,6 +37,7 @@ from media.opus import Application, OpusEncoder
 from media.pipeline import TransformPipeline
 from media.speak import SpeakPipeline
 from media.vad import SileroVad
+from server import refusals
 from server.breaker import Breakers
 from server.channel_limits import ChannelLimits
 from server.config import Settings
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 
 SESSION_ID_BYTES = 24  # 192 random bits
 RESUME_TOKEN_BYTES = 24
-RETRY_AFTER_SECONDS = 2
 # Mono at 96 kb/s keeps Opus in its CELT mode: full-band speech at a fraction of the CPU
 # of SILK/hybrid coding (measured ~0.3 ms vs ~0.6 ms per 20 ms frame here).
 DEFAULT_BITRATE = 96_000
@@ -155,29 +155,18 @@ class SessionManager:
         breaker = self.breakers[engine.name]
         if breaker.is_open:
             wait = math.ceil(breaker.retry_after)
-            raise ApiError(
-                503,
+            raise refusals.unavailable(
                 "engine_circuit_open",
                 f"Engine '{name}' failed repeatedly and takes no new sessions for {wait} s.",
-                headers={"Retry-After": str(wait)},
+                retry_after=wait,
             )
         return engine
 
     def _admit(self) -> None:
         if self.draining:
-            raise ApiError(
-                503,
-                "draining",
-                "The server is shutting down and takes no new sessions.",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-            )
+            raise refusals.draining()
         if self.at_capacity:
-            raise ApiError(
-                503,
-                "at_capacity",
-                "The server is at capacity; retry shortly.",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-            )
+            raise refusals.at_capacity()
 
     @staticmethod
     def _require_input(engine: Engine[Any], request: OfferRequest) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,8 @@ from tests.fuzz.strategies import (
 OFFER_FIELDS = ("sdp", "type", "engine", "options", "codec", "resume")
 # Shared strategies (one object each: see strategies.below for why).
 path_segments = st.text(min_size=1, max_size=16).map(lambda text: quote(text, safe=""))
+# Ids shaped like real ones (URL-safe base64), so they reach the session lookup.
+fake_session_ids = st.text(alphabet=string.ascii_letters + string.digits + "-_", min_size=1)
 small_bodies = st.one_of(st.none(), st.binary(max_size=40))
 chunk_sizes = st.lists(st.integers(1, 3000), min_size=1, max_size=6)
 extra_keys = st.text(max_size=8).filter(lambda key: key not in OFFER_FIELDS)
@@ -324,13 +327,14 @@ def speak_cases(draw: st.DrawFn, session_id: str, limit: int) -> Case:
     """Speak bodies built from control-message fields (``type`` is the route's), and
     interrupts with any body; one in ten to a session id that does not exist."""
     live = below(draw, 10) > 0
-    target = session_id if live else draw(path_segments)
+    target = session_id if live else draw(fake_session_ids)
     if below(draw, 5) == 0:
         body = draw(small_bodies)
         headers = choice(draw, [{}, {"Content-Type": JSON_TYPE}, {"Content-Type": "x/y"}])
         path = f"sessions/{target}/interrupt"
         if not live:
-            return Case("speak", "POST", path, body, expect.UNKNOWN_SESSION, None, headers)
+            expected = "session_not_found"
+            return Case("speak", "POST", path, body, expect.INTERRUPT_CODES, expected, headers)
         return Case("speak", "POST", path, body, expect.INTERRUPT_CODES, ACCEPTED, headers)
     how = below(draw, 4)
     if how <= 1:
@@ -355,7 +359,8 @@ def speak_cases(draw: st.DrawFn, session_id: str, limit: int) -> Case:
     path = f"sessions/{target}/speak"
     headers = {"Content-Type": JSON_TYPE}
     if not live:  # looked up before the body is read, whatever its size
-        return Case("speak", "POST", path, text.encode(), expect.UNKNOWN_SESSION, None, headers)
+        expected = "session_not_found"
+        return Case("speak", "POST", path, text.encode(), expect.SPEAK_CODES, expected, headers)
     parsed, value = expect.json_value(text)
     allowed = expect.SPEAK_CODES
     if not parsed:
@@ -497,7 +502,7 @@ def patch_cases(
     each earlier check fixes the code; past them any trickle code (or 204) may be right.
     """
     live = below(draw, 10) > 1
-    target = session_id if live else draw(path_segments)
+    target = session_id if live else draw(fake_session_ids)
     content_type = draw(
         st.one_of(st.just(TRICKLE_TYPE), st.just(TRICKLE_TYPE), content_types(), st.none())
     )
@@ -512,7 +517,6 @@ def patch_cases(
     if content_type is not None:
         headers["Content-Type"] = content_type
     expected: str | None = None
-    allowed = expect.PATCH_CODES
     if content_type is None or media_type(content_type) != TRICKLE_TYPE:
         expected = "unsupported_media_type"
     elif len(body) > limit:
@@ -520,13 +524,13 @@ def patch_cases(
     elif _utf8(body) is None:
         expected = "invalid_encoding"
     elif not live:
-        expected, allowed = None, expect.UNKNOWN_SESSION
+        expected = "session_not_found"
     elif if_match is None:
         expected = "precondition_required"
     elif if_match in (f"W/{etag}", '"0000"'):  # a weak tag never matches (strong comparison)
         expected = "precondition_failed"
     path = f"whip/sessions/{target}"
-    return Case("whip patch", "PATCH", path, body, allowed, expected, headers)
+    return Case("whip patch", "PATCH", path, body, expect.PATCH_CODES, expected, headers)
 
 
 # ---------------------------------------------------------------------------------------------

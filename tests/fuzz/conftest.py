@@ -56,4 +56,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"{'total':<32} {sum(INPUTS.values()):>8}")
     for family, count in sorted(OPENED.items()):
         terminalreporter.write_line(f"sessions opened by valid inputs, {family}: {count}")
-

@@ -51,9 +51,6 @@ CONTROL_CODES = frozenset(
     }
 )
 SESSION_CODES = frozenset({"session_not_found"})
-# A made-up session id: no such session, or (a character the route's pattern excludes) no
-# such route.
-UNKNOWN_SESSION = frozenset({"session_not_found", "not_found"})
 SPEAK_CODES = SESSION_CODES | BODY_CODES | (CONTROL_CODES - {"message_too_large"})
 INTERRUPT_CODES = SESSION_CODES | {"not_a_speak_session"}
 # Trickle ICE on a WHIP session (signaling/trickle.py, server/remote_candidates.py).

@@ -91,12 +91,14 @@ def send(fuzz: FuzzServer, case: Case) -> expect.Reply:
 
 def close_what_it_opened(fuzz: FuzzServer, case: Case, reply: expect.Reply) -> None:
     """End the session a valid offer opened, and stop what a valid speak queued."""
+    if case.method != "POST":
+        return
     if case.path == "offer" and reply.status == 200:
         answer = reply.json()
         assert answer["type"] == "answer" and answer["sdp"].startswith("v=0"), reply.describe()
         fuzz.end_session(answer["session_id"])
         OPENED[case.family] += 1
-    elif case.path.startswith("whip") and case.method == "POST" and reply.status == 201:
+    elif case.path.startswith("whip") and reply.status == 201:
         assert reply.content_type == "application/sdp" and "ETag" in reply.headers
         location = WHIP_LOCATION.match(reply.headers.get("Location", ""))
         assert location, reply.describe()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +10,9 @@ import pytest
 
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.probe import align
-from media.ringbuffer import live_buffers
 from server.peer import CallResult, PeerOptions, call
 from tests.conftest import LOOPBACK, RunningServer
+from tests.resources import Resources, settled
 from tests.speech import SpeechFixture
 
 
@@ -112,41 +110,16 @@ async def test_denoise_removes_noise_in_pauses_and_keeps_speech(
     assert abs(speech_change) <= 6, f"speech level changed by {speech_change:.1f} dB"
 
 
-def non_pool_threads() -> int:
-    """Threads other than thread-pool workers, which stay alive by design between jobs."""
-    return sum(
-        1
-        for thread in threading.enumerate()
-        if not thread.name.startswith(("engine", "asyncio", "ThreadPoolExecutor"))
-    )
-
-
 async def test_whip_call_and_delete_release_everything(
     server: RunningServer, speech_wav: Path, tmp_path: Path
 ):
     """A WHIP call ends with DELETE on its Location; nothing of the session is left behind."""
-    await asyncio.sleep(0)
-    gc.collect()
-    tasks_before = len(asyncio.all_tasks())
-    threads_before = non_pool_threads()
-    buffers_before = live_buffers()
+    before = await Resources.count()
 
     result = await make_call(server, speech_wav, tmp_path, "denoise", whip=True, tail=0.5)
     assert result.report.frames_received > 0
     assert len(server.server.sessions) == 0
-
-    for _ in range(50):  # aiortc's threads and tasks wind down asynchronously
-        gc.collect()
-        if (
-            len(asyncio.all_tasks()) <= tasks_before
-            and non_pool_threads() <= threads_before
-            and live_buffers() <= buffers_before
-        ):
-            break
-        await asyncio.sleep(0.1)
-    assert len(asyncio.all_tasks()) <= tasks_before
-    assert non_pool_threads() <= threads_before
-    assert live_buffers() <= buffers_before
+    assert (await settled(before)).within(before)
 
 
 @pytest.mark.parametrize("engine", ["echo", "denoise"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,12 +22,12 @@ from media.engines.registry import EngineRegistry
 from media.frames import FRAME_MS, FRAME_SAMPLES
 from media.probe import ChirpInserter, detect_markers, marker_rtts, summarize
 from media.receive import MAX_CONCEALED_FRAMES, MAX_MARGIN_S
-from media.ringbuffer import live_buffers
 from server.peercall import PeerCall
 from server.session import Session
 from tests.conftest import RunningServer, running_server
-from tests.integration.test_transform_call import frame_levels_db, non_pool_threads
+from tests.integration.test_transform_call import frame_levels_db
 from tests.netfaults.relay import Impairment, UdpRelay
+from tests.resources import Resources, settled
 from tests.speech import SENTENCES, speech_with_pauses
 
 MARKER_INTERVAL_S = 0.25  # four RTT samples a second; still twice the largest RTT expected
@@ -271,11 +270,7 @@ async def test_peer_that_vanishes_is_reclaimed_with_all_its_resources(
         registry, rtp_timeout=RTP_TIMEOUT_S, resume_grace=RESUME_GRACE_S
     ) as running:
         with UdpRelay(seed=3) as relay:
-            await asyncio.sleep(0)
-            gc.collect()
-            coroutines_before = len(asyncio.all_tasks())
-            threads_before = non_pool_threads()
-            buffers_before = live_buffers()
+            before = await Resources.count()
 
             async with PeerCall(
                 running.url,
@@ -298,16 +293,6 @@ async def test_peer_that_vanishes_is_reclaimed_with_all_its_resources(
                 await closed.wait()
             reclaimed_s = time.monotonic() - vanished
             assert len(running.server.sessions) == 0
-            for _ in range(50):  # aiortc's threads and coroutines wind down asynchronously
-                gc.collect()
-                if (
-                    len(asyncio.all_tasks()) <= coroutines_before
-                    and non_pool_threads() <= threads_before
-                    and live_buffers() <= buffers_before
-                ):
-                    break
-                await asyncio.sleep(0.1)
+            after = await settled(before)
             print(f"reclaimed {reclaimed_s:.1f} s after the peer vanished")
-            assert len(asyncio.all_tasks()) <= coroutines_before
-            assert non_pool_threads() <= threads_before
-            assert live_buffers() <= buffers_before
+            assert after.within(before), (before, after)

@@ -12,17 +12,10 @@ from media.engines.registry import EngineRegistry
 from server.channel_limits import ChannelLimits
 from server.control import ControlError
 from server.peercall import PeerCall
+from tests.clock import FakeClock
 from tests.conftest import running_server
 
 SPEAK_OPTIONS = {"barge_in": False}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def errors(call: PeerCall, since: int = 0) -> list[str]:

@@ -39,6 +39,19 @@ def command(*argv: str) -> list[str]:
     return [sys.executable, "-m", "server", *argv]
 
 
+def run_cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m server ARGV`` to completion, with no input, capturing its output."""
+    return subprocess.run(
+        command(*argv),
+        cwd=ROOT,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
@@ -129,15 +142,7 @@ def serve(tmp_path: Path) -> Iterator[ServeProcess]:
 def run_peer(serve: ServeProcess, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     wav = speech_like_wav(tmp_path / "in.wav")
     argv = ["peer", "--url", serve.url, "--input", str(wav), "--output", str(tmp_path / "out.wav")]
-    return subprocess.run(
-        command(*argv, "--ice-host", LOOPBACK, "--json", *extra),
-        cwd=ROOT,
-        env=clean_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=PEER_TIMEOUT_S,
-    )
+    return run_cli(*argv, "--ice-host", LOOPBACK, "--json", *extra, timeout=PEER_TIMEOUT_S)
 
 
 def test_serve_and_peer_end_to_end(serve: ServeProcess, tmp_path: Path):
@@ -191,15 +196,7 @@ def test_serve_and_peer_end_to_end(serve: ServeProcess, tmp_path: Path):
     ],
 )
 def test_serve_with_a_bad_setting_exits_2(argv: list[str], named: str):
-    done = subprocess.run(
-        command("serve", *argv),
-        cwd=ROOT,
-        env=clean_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("serve", *argv)
     assert done.returncode == 2, done.stderr
     assert named in done.stderr
     assert done.stderr.startswith("error: ")

@@ -23,7 +23,15 @@ from cryptography.x509.oid import NameOID
 
 from bench.common import spawned_server
 from signaling.ice import restrict_host_addresses
-from tests.server.test_cli import LOOPBACK, ROOT, START_TIMEOUT_S, clean_env, command, free_port
+from tests.server.test_cli import (
+    LOOPBACK,
+    ROOT,
+    START_TIMEOUT_S,
+    clean_env,
+    command,
+    free_port,
+    run_cli,
+)
 from tests.signaling.offers import new_offer
 
 TOKEN = "front-token-0123456789"
@@ -135,15 +143,7 @@ def test_a_certificate_that_cannot_be_loaded_stops_start_up_with_exit_2(
         other.mkdir()
         _, key = self_signed(other)  # a key that is not the certificate's
     argv = ["serve", "--port", str(free_port()), "--tls-cert", str(cert), "--tls-key", str(key)]
-    done = subprocess.run(
-        command(*argv),
-        cwd=ROOT,
-        env=clean_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli(*argv)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: --tls-cert")
     assert "Traceback" not in done.stderr

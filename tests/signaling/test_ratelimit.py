@@ -6,18 +6,11 @@ import pytest
 
 from signaling.errors import ApiError
 from signaling.ratelimit import AddressLimiter, TokenBucket, client_key
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import FakeClock
 
 
 def test_bucket_spends_its_burst_then_refills_at_its_rate():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     bucket = TokenBucket(capacity=3, rate=0.5, clock=clock)
     assert [bucket.take() for _ in range(4)] == [True, True, True, False]
     assert bucket.seconds_until_token() == pytest.approx(2.0)
@@ -30,7 +23,7 @@ def test_bucket_spends_its_burst_then_refills_at_its_rate():
 
 
 def test_limit_is_per_address_with_retry_after_until_the_next_token():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     limiter = AddressLimiter(per_minute=2, clock=clock)
     limiter.check("192.0.2.1")
     limiter.check("192.0.2.1")
@@ -51,7 +44,7 @@ def test_ipv6_clients_are_counted_per_64_and_mapped_ipv4_as_ipv4():
     assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:bbbb::9")
     assert client_key("2001:db8:1:2::1") != client_key("2001:db8:1:3::1")
     assert client_key("::ffff:192.0.2.7") == client_key("192.0.2.7") == "192.0.2.7"
-    limiter = AddressLimiter(per_minute=1, clock=FakeClock())
+    limiter = AddressLimiter(per_minute=1, clock=FakeClock(1000.0))
     limiter.check("2001:db8::1")
     with pytest.raises(ApiError):
         limiter.check("2001:db8::2")
@@ -59,7 +52,7 @@ def test_ipv6_clients_are_counted_per_64_and_mapped_ipv4_as_ipv4():
 
 def test_memory_is_bounded_idle_buckets_first():
     """A client seen once a minute ago is as good as new: its bucket is dropped."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     limiter = AddressLimiter(per_minute=10, clock=clock, max_addresses=100)
     for index in range(50):
         limiter.check(f"198.51.100.{index}")
