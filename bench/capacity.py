@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.capacity [--levels 10 20 30 40 50 60 70 80]
                                        [--denoise-levels 1 2 3 4 6]
                                        [--engines echo denoise] [--servers ours stock]
-                                       [--seconds 10] [--no-overload]
+                                       [--seconds 10] [--no-overload | --overload-at H]
 
 Each server runs pinned to core 0 and this client to core 1, so figures are per server
 core. At each level the client holds that many calls: load callers send pre-encoded speech
@@ -16,7 +16,8 @@ Overload (our server only): once the sweep has found the highest level held H fo
 engine, a fresh server started with ``--max-sessions H`` holds H calls and is offered H
 more, spread over one measuring window. Each extra offer should be refused within 50 ms
 (503 with Retry-After) while the admitted calls keep RTT p95 <= 150 ms.
-Writes bench/results/capacity.json and bench/results/capacity.png.
+Writes bench/results/capacity.json and bench/results/capacity.png (``--overload-at H``:
+only the overload phase, at H, written to bench/results/overload.json).
 """
 
 from __future__ import annotations
@@ -281,8 +282,8 @@ def plot(rows: list[dict], path: str) -> None:
     figure.savefig(path, dpi=100)
 
 
-async def run_all(args: argparse.Namespace) -> tuple[list[dict], dict[str, int], list[dict]]:
-    clips = Clips.make()
+async def run_sweeps(args: argparse.Namespace, clips: Clips) -> tuple[list[dict], dict[str, int]]:
+    """Every server and engine's level sweep; the rows and the highest level each held."""
     rows: list[dict] = []
     for kind in args.servers:
         for engine in args.engines:
@@ -294,13 +295,24 @@ async def run_all(args: argparse.Namespace) -> tuple[list[dict], dict[str, int],
     for key in sorted({(r["server"], r["engine"]) for r in rows}):
         series = [r for r in rows if (r["server"], r["engine"]) == key]
         summary[f"{key[0]}/{key[1]}"] = max((r["sessions"] for r in series if r["held"]), default=0)
+    return rows, summary
+
+
+async def run_all(args: argparse.Namespace) -> tuple[list[dict], dict[str, int], list[dict]]:
+    clips = Clips.make()
+    rows: list[dict] = []
+    summary: dict[str, int] = {}
+    if args.overload_at:  # no sweep: the level to double is given
+        limits = dict.fromkeys(args.engines, args.overload_at)
+    else:
+        rows, summary = await run_sweeps(args, clips)
+        skip = args.no_overload or "ours" not in args.servers
+        limits = {} if skip else {e: summary.get(f"ours/{e}", 0) for e in args.engines}
     overload = []
-    if not args.no_overload and "ours" in args.servers:
-        for engine in args.engines:
-            limit = summary.get(f"ours/{engine}", 0)
-            if limit > 0:  # nothing held: there is no level to double
-                overload.append(await run_overload(engine, limit, args.seconds, clips))
-                print_table(overload[-1:], OVERLOAD_COLUMNS)
+    for engine, limit in limits.items():
+        if limit > 0:  # nothing held: there is no level to double
+            overload.append(await run_overload(engine, limit, args.seconds, clips))
+            print_table(overload[-1:], OVERLOAD_COLUMNS)
     return rows, summary, overload
 
 
@@ -318,19 +330,24 @@ def main() -> int:
     parser.add_argument("--servers", nargs="+", default=["ours", "stock"])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--no-overload", action="store_true", help="skip the overload phase")
+    parser.add_argument(
+        "--overload-at", type=int, metavar="H", help="no sweep: only the overload phase at H"
+    )
     args = parser.parse_args()
     if (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})
     restrict_host_addresses(["127.0.0.1"])
     rows, summary, overload = asyncio.run(run_all(args))
-    print()
-    print_table(rows, COLUMNS)
-    print("\nhighest level held (p95 <= 100 ms, loss < 1 %, no growth):", summary)
+    if rows:
+        print()
+        print_table(rows, COLUMNS)
+        print("\nhighest level held (p95 <= 100 ms, loss < 1 %, no growth):", summary)
     if overload:
         print("\noverload: held level H as --max-sessions, H more offered")
         print_table(overload, OVERLOAD_COLUMNS)
+    # An overload-only run keeps the sweep's results: it writes a file of its own.
     results = write_results(
-        "capacity",
+        "overload" if args.overload_at else "capacity",
         {
             "benchmark": "capacity",
             "command": " ".join(["python -m bench.capacity", *sys.argv[1:]]),
@@ -342,9 +359,11 @@ def main() -> int:
             "overload": overload,
         },
     )
-    png = ROOT / "bench" / "results" / "capacity.png"
-    plot(rows, str(png))
-    print(f"wrote {results.relative_to(ROOT)} and {png.relative_to(ROOT)}")
+    print(f"wrote {results.relative_to(ROOT)}")
+    if rows:
+        png = ROOT / "bench" / "results" / "capacity.png"
+        plot(rows, str(png))
+        print(f"wrote {png.relative_to(ROOT)}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Churn: server memory per live session, and what many opened-and-closed sessions leave behind.
 
     .venv/bin/python -m bench.churn [--engines echo denoise] [--echo-sessions 1000]
-                                    [--denoise-sessions 60] [--settle 5]
+                                    [--echo-wave 15] [--denoise-sessions 60]
+                                    [--denoise-wave 3] [--settle 5]
 
 One server process per engine, pinned to core 0 (this client on core 1), without a
 per-address limit (every caller is 127.0.0.1). For each engine:
@@ -14,9 +15,11 @@ per-address limit (every caller is 127.0.0.1). For each engine:
 2. Close them all, settle, sample the baseline RSS and open file descriptors.
 3. Churn: open and close sessions in waves of W at once until the total reaches N. Every
    session connects and gets audio back before it is closed; one that does not is counted
-   as failed, since a session that never connects never allocated its media state.
+   as failed: a session that never connects never ran its media path.
 4. Settle, sample again. Drift is the end RSS against the baseline; the leak rate is the
-   slope of RSS against sessions opened, sampled between waves over the churn.
+   slope of RSS against sessions opened, sampled between waves over the churn, and the
+   peak is the highest of those samples (closed sessions that wait for the cyclic garbage
+   collector show up as a saw-tooth between baseline and peak).
 
 For denoise the engine's own figure is reported too: native heap per DeepFilterNet state
 (``per_session_bytes`` in ``GET /engines``), which RSS alone cannot attribute.
@@ -188,6 +191,7 @@ async def churn(plan: Plan, clip: EncodedClip, settle: float) -> dict[str, Any]:
         "engine_per_session_mb": round(reported / MB, 2) if reported is not None else None,
         "rss_base_mb": round(rss_base / MB, 1),
         "rss_end_mb": round(rss_end / MB, 1),
+        "rss_peak_mb": round(max(r for _, r in trace) / MB, 1),
         "drift_pct": round(drift * 100, 2),
         "leak_kb_per_session": round(leak / 1024, 2) if leak is not None else None,
         "fds_base": fds_base,
@@ -200,7 +204,7 @@ async def churn(plan: Plan, clip: EncodedClip, settle: float) -> dict[str, Any]:
 
 COLUMNS = [
     "engine", "sessions", "wave", "failed", "rss_per_session_mb", "engine_per_session_mb",
-    "rss_start_mb", "rss_base_mb", "rss_end_mb", "drift_pct", "leak_kb_per_session",
+    "rss_start_mb", "rss_base_mb", "rss_peak_mb", "rss_end_mb", "drift_pct", "leak_kb_per_session",
     "fds_base", "fds_end", "within_target",
 ]  # fmt: skip
 
@@ -209,7 +213,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", nargs="+", default=["echo", "denoise"])
     parser.add_argument("--echo-sessions", type=int, default=1000)
-    parser.add_argument("--echo-wave", type=int, default=20)
+    parser.add_argument(
+        "--echo-wave", type=int, default=15, help="the ramp holds up to 3 waves: 45 sessions"
+    )
     parser.add_argument("--denoise-sessions", type=int, default=60)
     parser.add_argument(
         "--denoise-wave", type=int, default=3, help="a few: each costs ~20 %% of a core"

@@ -1,7 +1,7 @@
 """Where the server's core goes at a fixed number of sessions: a py-spy profile, by module.
 
     .venv/bin/python -m bench.profile [--sessions 30] [--engine echo] [--seconds 20]
-                                      [--native] [--keep-stacks PATH]
+                                      [--keep-stacks PATH]
 
 Needs py-spy (``pip install -e '.[bench]'``). The server runs pinned to core 0 with
 ``--sessions`` cheap load callers (three of them probes, for RTT) from this process on
@@ -9,9 +9,10 @@ core 1. Once they settle, py-spy samples the server's event-loop thread for ``--
 pausing it for each sample (without that its stacks come out torn). Each sample is charged
 to the innermost frame that belongs to a known part (our receive path, Opus, SRTP, RTP
 handling, pacing...); samples with only standard-library frames are the event loop's own
-work, and samples waiting in ``select`` are idle time. A sample is wall time: where other
-processes share the server's core, "idle" understates the headroom, but the busy shares
-still compare the parts with each other.
+work, and samples waiting in ``select`` are idle time. Time inside a C library (libopus,
+libsrtp, OpenSSL) is charged to the Python frame that called it. A sample is wall time:
+where other processes share the server's core, "idle" understates the headroom, but the
+busy shares still compare the parts with each other.
 Writes bench/results/profile.json.
 """
 
@@ -186,7 +187,6 @@ async def profile(args: argparse.Namespace, py_spy: str) -> dict[str, Any]:
             record = [py_spy, "record", "--pid", str(handle.pid), "--rate", str(RATE_HZ)]
             record += ["--duration", str(int(args.seconds)), "--format", "raw"]
             record += ["--output", str(raw), "--threads", "--idle", "--full-filenames"]
-            record += ["--native"] if args.native else []
             async with aiohttp.ClientSession() as http:
                 probes = probes_for(args.sessions)
                 callers, failed = await open_callers(
@@ -216,7 +216,6 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=30)
     parser.add_argument("--engine", default="echo")
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--native", action="store_true", help="C frames too (slower sampling)")
     parser.add_argument(
         "--keep-stacks", type=Path, help="also save the collapsed stacks (speedscope opens them)"
     )

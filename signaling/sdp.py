@@ -13,6 +13,9 @@ from aiortc import sdp as aiortc_sdp
 
 from signaling.errors import ApiError
 
+# RFC 7587 section 6.1. A value outside (negative, zero, a typo) is ignored like an unreadable
+# one: passed on, a negative cap made libopus refuse the encoder and the offer got a 500.
+MAX_AVERAGE_BITRATES = range(6_000, 510_001)
 # Directions from the offerer's point of view.
 SENDS_AUDIO = ("sendrecv", "sendonly")
 RECEIVES_AUDIO = ("sendrecv", "recvonly")
@@ -99,5 +102,7 @@ def _opus_parameters(fmtp: dict[str, object]) -> OpusParameters:
     try:
         max_bitrate = int(str(bitrate)) if bitrate is not None else None
     except ValueError:
+        max_bitrate = None
+    if max_bitrate not in MAX_AVERAGE_BITRATES:
         max_bitrate = None
     return OpusParameters(max_bitrate, stereo=flag("stereo"), inband_fec=flag("useinbandfec"))

