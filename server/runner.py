@@ -10,6 +10,7 @@ the live sessions' requests; a second signal skips the rest of the wait.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import ssl
@@ -38,6 +39,7 @@ async def _serve_until_signalled(
     await runner.setup()
     try:
         await make_site(runner).start()
+        freeze_startup_objects()
         await signalled.wait()
         signalled.clear()
         log.info("shutting down: draining")
@@ -53,6 +55,18 @@ async def _serve_until_signalled(
         for signum in SHUTDOWN_SIGNALS:
             loop.remove_signal_handler(signum)
         await runner.cleanup()
+
+
+def freeze_startup_objects() -> None:
+    """Keep what start-up built (modules, models, the app) out of every later collection.
+
+    A closed session is freed by the cyclic garbage collector (aiortc's objects refer to
+    one another), and a full collection walks every tracked object: with the engines
+    loaded that took 80-150 ms on the event loop, a gap in every call. Frozen, start-up
+    objects are skipped, so a collection walks little more than the live sessions.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def serve_tcp(
