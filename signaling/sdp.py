@@ -16,6 +16,7 @@ from signaling.errors import ApiError
 # RFC 7587 section 6.1. A value outside (negative, zero, a typo) is ignored like an unreadable
 # one: passed on, a negative cap made libopus refuse the encoder and the offer got a 500.
 MAX_AVERAGE_BITRATES = range(6_000, 510_001)
+MAX_PORT = 65535
 # Directions from the offerer's point of view.
 SENDS_AUDIO = ("sendrecv", "sendonly")
 RECEIVES_AUDIO = ("sendrecv", "recvonly")
@@ -73,6 +74,11 @@ def inspect_offer(text: str) -> OfferSummary:
             raise malformed("Every m-line needs ICE credentials (a=ice-ufrag and a=ice-pwd).")
         if not media.dtls or not media.dtls.fingerprints:
             raise malformed("Every m-line needs a DTLS fingerprint (a=fingerprint).")
+        for candidate in media.ice_candidates:
+            # aioice sends its checks to the port as given: past 65535 sendto() raises, which
+            # asyncio treats as fatal, closing the session's only ICE socket.
+            if not 0 <= candidate.port <= MAX_PORT:
+                raise malformed(f"An a=candidate port must be 0-{MAX_PORT}, not {candidate.port}.")
     _check_groups(description)
     return OfferSummary(
         audio_direction=first.direction or "sendrecv",

@@ -75,6 +75,20 @@ def identity(sdp: str) -> str:
     return sdp
 
 
+def candidate_port(port: str) -> Callable[[str], str]:
+    """An edit giving every a=candidate line the connection port ``port``."""
+
+    def edit(sdp: str) -> str:
+        lines = sdp.split("\r\n")
+        for index, line in enumerate(lines):
+            if line.startswith("a=candidate:"):
+                fields = line.split()
+                lines[index] = " ".join([*fields[:5], port, *fields[6:]])
+        return "\r\n".join(lines)
+
+    return edit
+
+
 @dataclass(frozen=True)
 class SdpCase:
     id: str
@@ -119,6 +133,10 @@ SDP_CASES = [
         "malformed_sdp",
         {"data_channel": True},
     ),
+    # Found by fuzzing: aioice sent its checks to port 70000 as given, sendto() raised and
+    # asyncio closed the session's ICE socket as a fatal error.
+    SdpCase("candidate-port-past-65535", candidate_port("70000"), 400, "malformed_sdp"),
+    SdpCase("candidate-port-negative", candidate_port("-1"), 400, "malformed_sdp"),
     SdpCase(
         "bundle-names-unknown-mid",
         lambda sdp: sdp.replace("a=group:BUNDLE 0 1", "a=group:BUNDLE 5 1"),
