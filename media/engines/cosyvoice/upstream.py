@@ -63,6 +63,10 @@ def _stub(name: str, reason: str) -> types.ModuleType:
     module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
 
     def missing(attribute: str) -> Any:
+        if attribute.startswith("__"):
+            # Introspection (``getattr(module, "__file__", None)``, as tools that walk
+            # ``sys.modules`` do) expects AttributeError, not a failure.
+            raise AttributeError(attribute)
         raise ImportError(f"{name}.{attribute} is not available here: {reason}")
 
     module.__getattr__ = missing  # type: ignore[method-assign]
