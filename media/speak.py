@@ -50,6 +50,9 @@ OUTPUT_BUFFER_SECONDS = 120.0
 MAX_AHEAD_SECONDS = 20.0
 RECENT = 200  # latency samples kept for stats
 LISTEN_QUEUE_FRAMES = 25  # caller audio waiting for the echo canceller and VAD, at most
+# Utterances waiting to be spoken, at most: with 4000 characters each, minutes of speech
+# and a bounded amount of memory, however fast a client sends.
+MAX_QUEUED_UTTERANCES = 64
 # Barge-in decides on the echo-cancelled caller audio, with two guards measured on
 # simulated loudspeaker calls:
 # - residual echo: while the canceller converges (or re-converges after the echo path moves)
@@ -68,6 +71,10 @@ ECHO_GATE_WINDOW_FRAMES = 25  # 500 ms: the longest echo path the canceller hand
 
 def _level_db(samples: np.ndarray) -> float:
     return float(10 * np.log10(np.mean(np.square(samples)) + 10 ** (SILENT_DB / 10)))
+
+
+class SpeechQueueFull(Exception):
+    """A new utterance found ``MAX_QUEUED_UTTERANCES`` already waiting."""
 
 
 @dataclass(eq=False)
@@ -231,8 +238,8 @@ class SpeakPipeline:
             if utterance is not None:
                 utterance.close()
             utterance = Utterance(self._new_id(utterance_id), streamed=True)
-            self._open_delta = utterance
             self._enqueue(utterance)
+            self._open_delta = utterance
         utterance.add(piece)
         return utterance.id
 
@@ -246,6 +253,8 @@ class SpeakPipeline:
         return utterance.id
 
     def _enqueue(self, utterance: Utterance) -> None:
+        if len(self._queue) >= MAX_QUEUED_UTTERANCES:
+            raise SpeechQueueFull(f"{MAX_QUEUED_UTTERANCES} utterances are already waiting")
         utterance.queued_at = self._clock()
         self.stats.utterances += 1
         self._queue.append(utterance)

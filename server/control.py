@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from media.speak import SpeechQueueFull
+
 MAX_MESSAGE_BYTES = 16 * 1024
 MAX_TEXT_CHARS = 4000
 MAX_ID_CHARS = 128
@@ -99,6 +101,15 @@ def parse(payload: dict[str, Any]) -> Command:
 
 def apply(command: Command, speaker: Speaker) -> dict[str, Any] | None:
     """Carry out a command; returns an acknowledgement event when there is one."""
+    try:
+        return _carry_out(command, speaker)
+    except SpeechQueueFull as exc:
+        raise ControlError(
+            "queue_full", f"Too much speech is queued ({exc}); wait for some to finish."
+        ) from exc
+
+
+def _carry_out(command: Command, speaker: Speaker) -> dict[str, Any] | None:
     if command.type == "speak":
         assert command.text is not None
         return {"type": "speech_queued", "id": speaker.speak(command.text, command.id)}

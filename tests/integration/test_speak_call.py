@@ -11,7 +11,7 @@ import aiohttp
 import numpy as np
 
 from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.speak import SpeakPipeline
+from media.speak import MAX_QUEUED_UTTERANCES, SpeakPipeline
 from server.peercall import PeerCall
 from tests.conftest import RunningServer
 from tests.speech import espeak
@@ -297,3 +297,25 @@ async def test_bad_messages_get_specific_errors_and_the_session_keeps_working(
                 assert (await response.json())["error"] == "missing_text"
             async with http.post(url, data="9" * 5000, headers=bogus) as response:
                 assert (await response.json())["error"] == "invalid_json"
+
+
+async def test_speech_waiting_to_be_spoken_is_bounded(server: RunningServer):
+    """Past ``MAX_QUEUED_UTTERANCES`` a new utterance is refused, and the queue stays as is."""
+    silence = np.zeros(RTC_RATE * 5, np.float32)
+    async with (
+        PeerCall(server.url, silence, engine="piper") as call,
+        aiohttp.ClientSession() as http,
+    ):
+        url = f"{server.url}sessions/{call.session_id}/speak"
+        statuses = []
+        for index in range(MAX_QUEUED_UTTERANCES + 2):
+            async with http.post(url, json={"text": f"Sentence number {index}."}) as response:
+                statuses.append(response.status)
+                body = await response.json()
+        assert statuses.count(202) >= MAX_QUEUED_UTTERANCES  # one may already be speaking
+        assert statuses[-1] == 400 and body["error"] == "queue_full"
+        pipeline = server.server.sessions.get(call.session_id or "").pipeline
+        assert isinstance(pipeline, SpeakPipeline)
+        pipeline.interrupt()  # drops the queue: new speech is taken again
+        async with http.post(url, json={"text": "Back again."}) as response:
+            assert response.status == 202
