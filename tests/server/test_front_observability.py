@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 
 import aiohttp
 import numpy as np
 import pytest
 
-from bench.common import free_port, spawned_server
 from server.peercall import PeerCall
 from signaling.ice import restrict_host_addresses
 from tests.server.test_metrics import parse, value
+from tests.server.test_workers import two_workers
 
 LOAD_SETTLE_S = 1.2  # the front reads the workers' load every 0.5 s
 
 
 @pytest.fixture
 def front() -> Iterator[str]:
-    """``serve --workers 2 --max-sessions 1`` as a real process tree; yields its URL."""
-    port = free_port()
-    command = [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2"]
-    command += ["--max-sessions", "1", "--engine", "echo", "--ice-host", "127.0.0.1"]
-    with spawned_server(command, port, core=None, ready_path="engines", ready_timeout=120) as s:
-        yield s.url
+    with two_workers(max_sessions=1) as url:
+        yield url
 
 
 async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, dict]:

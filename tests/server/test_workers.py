@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Iterator
@@ -16,14 +17,20 @@ from server.peercall import PeerCall
 from signaling.ice import restrict_host_addresses
 
 
-@pytest.fixture
-def front() -> Iterator[str]:
-    """``serve --workers 2 --max-sessions 3`` as a real process tree; yields its URL."""
+@contextlib.contextmanager
+def two_workers(max_sessions: int) -> Iterator[str]:
+    """``serve --workers 2 --max-sessions N`` as a real process tree; yields its URL."""
     port = free_port()
     command = [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2"]
-    command += ["--max-sessions", "3", "--engine", "echo", "--ice-host", "127.0.0.1"]
+    command += ["--max-sessions", str(max_sessions), "--engine", "echo", "--ice-host", "127.0.0.1"]
     with spawned_server(command, port, core=None, ready_path="engines", ready_timeout=120) as s:
         yield s.url
+
+
+@pytest.fixture
+def front() -> Iterator[str]:
+    with two_workers(max_sessions=3) as url:
+        yield url
 
 
 async def test_sessions_spread_over_workers_and_excess_is_refused_at_once(front: str):
