@@ -14,6 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from media.engines.registry import EngineRegistry
+from media.rtc.compat import accept_rsa_dtls_peers
 from media.vad import SileroVad, VadUnavailable
 from server import observability, prompt_routes
 from server.config import Settings
@@ -105,6 +106,7 @@ def create_app(
             f"(available: {', '.join(registry.names) or 'none'}; "
             f"unavailable: {registry.unavailable or 'none'})"
         )
+    accept_rsa_dtls_peers()
     restrict_host_addresses(settings.ice_hosts)
     bind_host_ports(settings.rtp_port_range)
     announce_host_address(settings.announce_ip)

@@ -23,6 +23,7 @@ import numpy as np
 
 from media.frames import RTC_RATE
 from media.probe import ChirpInserter, marker_rtts, rtt_from_envelopes, summarize
+from media.rtc.compat import accept_rsa_dtls_peers
 from media.wav import read_wav, write_wav
 from server.peercall import CONNECT_TIMEOUT_S, PeerCall
 from signaling.client import SignalingError
@@ -131,6 +132,7 @@ def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def call(opts: PeerOptions) -> CallResult:
     """Make one call and measure it; never raises for a failed call, the report says why."""
+    accept_rsa_dtls_peers()
     restrict_host_addresses(opts.ice_hosts)
     audio = read_wav(opts.input, RTC_RATE)
     markers = ChirpInserter() if opts.rtt_method == "chirp" else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from aiortc import RTCPeerConnection
 from aiortc.sdp import candidate_from_sdp
 
+from signaling.candidates import reachable_candidate
 from signaling.errors import ApiError
 from signaling.trickle import IceCredentials, IceSession, TrickleFragment
 
@@ -82,8 +83,9 @@ async def add_remote_candidates(pc: RTCPeerConnection, fragment: TrickleFragment
     aiortc ignores a candidate named by a bundled mid, so each goes to its bundle tag's
     transport, whatever bundled mid the client named. A mid the offer does not have is
     refused before any candidate is added: the client would otherwise wait for candidates
-    that went nowhere. aioice drops candidates it cannot use (TCP, names it cannot
-    resolve), which RFC 9725 section 4.3.2 asks for.
+    that went nowhere. Candidates no server socket can reach (IPv6 link-local) are left
+    out here, and aioice drops others it cannot use (TCP, names it cannot resolve), which
+    RFC 9725 section 4.3.2 asks for.
     """
     mids = _Offer.read(pc.remoteDescription.sdp).transport_mids()
     unknown = sorted({c.mid for c in fragment.candidates} - mids.keys())
@@ -95,6 +97,8 @@ async def add_remote_candidates(pc: RTCPeerConnection, fragment: TrickleFragment
             f"(it has {', '.join(sorted(mids)) or 'none'}).",
         )
     for trickled in fragment.candidates:
+        if not reachable_candidate(trickled.candidate):
+            continue  # IPv6 link-local: see signaling.candidates
         candidate = candidate_from_sdp(trickled.candidate)
         candidate.sdpMid = mids[trickled.mid]
         await pc.addIceCandidate(candidate)

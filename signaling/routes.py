@@ -18,6 +18,7 @@ from aiohttp import web
 
 from signaling.auth import is_authorized
 from signaling.bodies import read_body
+from signaling.candidates import without_unreachable_candidates
 from signaling.cors import ALLOWED_HEADERS, PREFLIGHT_MAX_AGE_SECONDS
 from signaling.errors import ApiError
 from signaling.ice import IceServer
@@ -233,7 +234,7 @@ class SignalingRoutes:
         text = await _read_text(request, self._max_body)
         sdp, engine, options, codec, resume = _parse_offer_json(text)
         offer = OfferRequest(
-            sdp=sdp,
+            sdp=without_unreachable_candidates(sdp),
             summary=inspect_offer(sdp),
             engine=engine,
             options=options,
@@ -254,7 +255,7 @@ class SignalingRoutes:
         _require_content_type(request, SDP_TYPE)
         sdp = await _read_text(request, self._max_body)
         offer = OfferRequest(
-            sdp=sdp,
+            sdp=without_unreachable_candidates(sdp),
             summary=inspect_offer(sdp),
             engine=request.match_info.get("engine"),
             codec=CodecRequest.parse(dict(request.query) or None),

@@ -1,0 +1,1 @@
+"""The WebRTC stack: the only package that touches aiortc and aioice directly."""
