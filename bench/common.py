@@ -22,7 +22,7 @@ import numpy as np
 
 from media.frames import RTC_RATE
 from media.wav import write_wav
-from tests.speech import speech_with_pauses
+from peer.speech import speech_with_pauses
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -24,12 +24,12 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from media.filetracks import FrameRecorder, RealTimeClock
 from media.frames import FRAME_SAMPLES
 from media.opus import OpusEncoder
-from media.probe import ChirpInserter, Timeline, detect_markers, rtt_from_markers
 from media.receive import AudioReceivePath, install
 from media.tracks import TIME_BASE
+from peer.filetracks import FrameRecorder, RealTimeClock
+from peer.probe import ChirpInserter, Timeline, detect_markers, rtt_from_markers
 from signaling.client import Answer, delete_session, post_offer
 from signaling.ice import rtc_configuration
 

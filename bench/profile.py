@@ -96,7 +96,7 @@ def classify(frames: list[str]) -> str:
     """The part one sample belongs to; ``frames`` run from the root to the leaf.
 
     Only frames above the loop's ``_run_once`` count: below it is the process's start-up
-    (``server/cli.py`` and friends), on every stack.
+    (``server/deploy/cli.py`` and friends), on every stack.
     """
     function, path = parse_frame(frames[-1])
     if function in ("select", "poll") and path.endswith("selectors.py"):

@@ -20,7 +20,7 @@ import aiohttp
 import numpy as np
 
 from bench.common import ROOT, percentile, print_table, server_process, write_results
-from server.peercall import PeerCall
+from peer.call import PeerCall
 
 SENTENCES = (
     "Good morning, how can I help you today?",

@@ -12,7 +12,7 @@ from urllib.parse import urljoin
 
 import aiohttp
 
-from signaling.routes import SDP_TYPE
+from signaling.offers import SDP_TYPE
 
 
 class SignalingError(Exception):

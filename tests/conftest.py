@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 
 from media.engines.registry import EngineRegistry
-from server.app import SERVER_KEY, Server, create_app
+from peer.speech import SpeechFixture, add_white_noise, save, speech_with_pauses
 from server.config import Settings
-from tests.speech import SpeechFixture, add_white_noise, save, speech_with_pauses
+from server.http.app import SERVER_KEY, Server, create_app
 
 LOOPBACK = "127.0.0.1"
 

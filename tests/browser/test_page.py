@@ -22,8 +22,8 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from media.engines.registry import EngineRegistry
 from media.frames import RTC_RATE
 from media.wav import write_wav
+from peer.speech import espeak
 from tests.conftest import RunningServer, running_server
-from tests.speech import espeak
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

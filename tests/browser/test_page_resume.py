@@ -15,8 +15,8 @@ from playwright.async_api import Page, Route, expect
 
 from media.engines.registry import EngineRegistry
 from media.queues import DropOldestQueue
-from server.events import Event
-from server.session import Session
+from server.sessions.events import Event
+from server.sessions.session import Session
 from tests.browser.test_page import (
     DESKTOP,
     chromium,

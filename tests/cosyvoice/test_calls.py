@@ -15,12 +15,12 @@ from media.engines.cosyvoice.prompts import text_ids
 from media.engines.registry import EngineRegistry
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.speak import SpeakPipeline
-from server import prompt_routes
-from server.app import SERVER_KEY, create_app
-from server.peercall import PeerCall
+from peer.call import PeerCall
+from peer.speech import espeak
+from server.http import prompt_routes
+from server.http.app import SERVER_KEY, create_app
 from tests.conftest import LOOPBACK, loopback_settings, running_server
 from tests.cosyvoice.conftest import SENTENCE
-from tests.speech import espeak
 
 SILENCE_RMS = 1e-3
 LONG_TEXT = " ".join([SENTENCE] * 2)

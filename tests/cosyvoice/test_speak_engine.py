@@ -16,8 +16,8 @@ from media.engines.cosyvoice.prompts import PromptError, text_ids
 from media.engines.cosyvoice.schedule import HopSchedule
 from media.engines.cosyvoice.speak import SAMPLES_PER_TOKEN, CosyVoiceEngine
 from media.engines.cosyvoice.tokens import LlmFailed
+from peer.speech import espeak
 from tests.cosyvoice.conftest import SENTENCE
-from tests.speech import espeak
 
 ERROR_DEADLINE_S = 1.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from media.engines.cosyvoice.vc import CosyVoiceVcEngine
-from tests.speech import espeak
+from peer.speech import espeak
 
 RATE = 24_000
 FRAME = RATE // 50

@@ -21,7 +21,7 @@ from aiortc import sdp as aiortc_sdp
 from hypothesis import strategies as st
 
 from media.engines.base import OptionSpec
-from signaling.routes import APPLICATIONS, MAX_BITRATE, MIN_BITRATE
+from signaling.offers import APPLICATIONS, MAX_BITRATE, MIN_BITRATE
 from tests.fuzz import expect
 from tests.fuzz.strategies import (
     below,

@@ -3,8 +3,9 @@ control protocol's rules.
 
 Every refusal must be a JSON ``{"error": code, "message": sentence}`` whose code is one a
 client of that route can branch on. The sets below list, per route, the codes its handler
-and the layers under it raise (signaling/routes.py, signaling/sdp.py, server/sessions.py,
-server/session_routes.py, server/control.py); the generic codes the error middleware gives
+and the layers under it raise (server/http/signaling_routes.py, signaling/sdp.py,
+server/sessions/manager.py, server/http/session_routes.py, server/sessions/control.py); the
+generic codes the error middleware gives
 aiohttp's own errors are allowed only where aiohttp itself answers (unknown path, wrong
 method, body over the cap). A catch-all that turns any exception into one code would fail
 here as soon as an input class with a known code gets the wrong one.
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from server.control import MAX_ID_CHARS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS, MESSAGE_TYPES
+from server.sessions.control import MAX_ID_CHARS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS, MESSAGE_TYPES
 
 JSON_TYPE = "application/json"
 
@@ -25,11 +26,11 @@ JSON_TYPE = "application/json"
 ROUTING_CODES = frozenset({"not_found", "method_not_allowed"})
 BODY_CODES = frozenset({"unsupported_media_type", "payload_too_large"})
 SDP_CODES = frozenset({"invalid_encoding", "malformed_sdp", "no_audio", "unsupported_codec"})
-# Raised while a session is opened for a checked offer (server/sessions.py).
+# Raised while a session is opened for a checked offer (server/sessions/manager.py).
 OPEN_CODES = frozenset(
     {"unknown_engine", "unsupported_engine", "invalid_options", "no_audio_input", "sdp_rejected"}
 )
-# An offer that claims to resume a session (server/sessions.py).
+# An offer that claims to resume a session (server/sessions/manager.py).
 RESUME_CODES = frozenset(
     {"invalid_resume", "session_not_found", "invalid_resume_token", "resume_engine_mismatch"}
 )
@@ -41,7 +42,7 @@ OFFER_CODES = (
     | {"invalid_json", "invalid_request", "invalid_codec"}
 )
 WHIP_CODES = BODY_CODES | SDP_CODES | OPEN_CODES | {"invalid_codec"}
-# The control protocol's refusals (server/control.py, server/session.py).
+# The control protocol's refusals (server/sessions/control.py, server/sessions/session.py).
 CONTROL_CODES = frozenset(
     {
         "invalid_json",
@@ -155,7 +156,7 @@ def check_refusal(reply: Reply, allowed: frozenset[str], expected: str | None = 
 
 
 # ---------------------------------------------------------------------------------------------
-# The control protocol as README.md states it, written independently of server/control.py:
+# The control protocol as README.md states it, written independently of server/sessions/control.py:
 # for a message, every rule it breaks. A refusal must name one of them; a message that breaks
 # none must be accepted.
 

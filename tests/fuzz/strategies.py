@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from hypothesis import strategies as st
 
-from server.control import MAX_ID_CHARS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS, MESSAGE_TYPES
+from server.sessions.control import MAX_ID_CHARS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS, MESSAGE_TYPES
 
 # Python refuses to parse integers longer than this many digits.
 INT_DIGIT_LIMIT = sys.get_int_max_str_digits()

@@ -1,4 +1,4 @@
-"""The data-channel protocol (server/control.py) fed thousands of messages directly.
+"""The data-channel protocol (server/sessions/control.py) fed thousands of messages directly.
 
 Each message is checked against the protocol's rules as tests/fuzz/expect.py states them:
 a message that breaks a rule is refused with the code of a rule it breaks and reaches no
@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.control import ControlError, apply, decode, parse
+from server.sessions.control import ControlError, apply, decode, parse
 from tests.fuzz.conftest import BATCH, Budget
 from tests.fuzz.expect import message_violations
 from tests.fuzz.harness import INPUTS
@@ -26,7 +26,7 @@ CONTROL_EXAMPLES = 1000
 
 @dataclass
 class RecordingSpeaker:
-    """A speaker that remembers every call (the ``Speaker`` protocol of server/control.py)."""
+    """A speaker that remembers every call (``server.sessions.control``'s ``Speaker``)."""
 
     calls: list[tuple[Any, ...]] = field(default_factory=list)
 

@@ -34,8 +34,8 @@ from media.frames import RTC_RATE
 from media.pipeline import TransformPipeline
 from media.ringbuffer import live_buffers
 from media.speak import SpeakPipeline
-from server.peercall import PeerCall
-from server.session import Session
+from peer.call import PeerCall
+from server.sessions.session import Session
 from tests.fuzz import cases, expect, http_cases
 from tests.fuzz.cases import ACCEPTED, Case
 from tests.fuzz.conftest import BATCH, Budget
@@ -294,7 +294,7 @@ def test_expected_codes_are_ones_the_server_raises():
     sources = "".join(
         path.read_text()
         for folder in ("server", "signaling")
-        for path in root.glob(f"{folder}/*.py")
+        for path in root.glob(f"{folder}/**/*.py")
     )
     for code in expect.ANY_ROUTE_CODES | expect.CONTROL_CODES:
         assert f'"{code}"' in sources, f"no {code!r} in server/ or signaling/"

@@ -17,8 +17,8 @@ from bench.common import percentile
 from bench.loadclient import EncodedClip, LoadCaller
 from bench.overload import offer_spread, real_offers
 from media.engines.registry import EngineRegistry
+from peer.speech import SpeechFixture
 from tests.conftest import running_server
-from tests.speech import SpeechFixture
 
 ADMITTED = 4
 EXCESS_ROUNDS = 2  # the server is offered ADMITTED more calls, twice over: 8 refusals timed

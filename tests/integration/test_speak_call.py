@@ -12,9 +12,9 @@ import numpy as np
 
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.speak import MAX_QUEUED_UTTERANCES, SpeakPipeline
-from server.peercall import PeerCall
+from peer.call import PeerCall
+from peer.speech import espeak
 from tests.conftest import RunningServer
-from tests.speech import espeak
 from tests.transcribe import transcribe, word_recall
 
 SENTENCES = (

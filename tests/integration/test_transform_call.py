@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.probe import align
-from server.peer import CallResult, PeerOptions, call
+from peer.cli import CallResult, PeerOptions, call
+from peer.probe import align
+from peer.speech import SpeechFixture
 from tests.conftest import LOOPBACK, RunningServer
 from tests.resources import Resources, settled
-from tests.speech import SpeechFixture
 
 
 async def make_call(

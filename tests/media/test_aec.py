@@ -16,7 +16,7 @@ import pytest
 
 from media.aec import BLOCK, EchoCanceller
 from media.vad import SileroVad, SpeechDetector, SpeechEventKind
-from tests.speech import espeak
+from peer.speech import espeak
 
 RATE = 48_000
 CHUNK = 960  # 20 ms, the WebRTC frame on both tracks

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from media.probe import (
+from peer.probe import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
     ChirpInserter,

@@ -16,10 +16,10 @@ from media.stages import (
     SpeakStages,
     TransformStages,
 )
-from server.peercall import PeerCall
+from peer.call import PeerCall
+from peer.speech import SpeechFixture
 from tests.conftest import running_server
 from tests.netfaults.relay import Impairment, UdpRelay
-from tests.speech import SpeechFixture
 
 FRAME = 960
 STAGE_SUM_TOLERANCE_MS = 2.0

@@ -18,7 +18,7 @@ from media.vad import (
     SpeechEventKind,
     model_path,
 )
-from tests.speech import SpeechFixture, add_white_noise
+from peer.speech import SpeechFixture, add_white_noise
 
 RATE = 48_000
 CHUNK = 960  # 20 ms, what WebRTC delivers

@@ -20,15 +20,15 @@ import pytest
 
 from media.engines.registry import EngineRegistry
 from media.frames import FRAME_MS, FRAME_SAMPLES
-from media.probe import ChirpInserter, detect_markers, marker_rtts, summarize
 from media.receive import MAX_CONCEALED_FRAMES, MAX_MARGIN_S
-from server.peercall import PeerCall
-from server.session import Session
+from peer.call import PeerCall
+from peer.probe import ChirpInserter, detect_markers, marker_rtts, summarize
+from peer.speech import SENTENCES, speech_with_pauses
+from server.sessions.session import Session
 from tests.conftest import RunningServer, running_server
 from tests.integration.test_transform_call import frame_levels_db
 from tests.netfaults.relay import Impairment, UdpRelay
 from tests.resources import Resources, settled
-from tests.speech import SENTENCES, speech_with_pauses
 
 MARKER_INTERVAL_S = 0.25  # four RTT samples a second; still twice the largest RTT expected
 TAIL_S = 1.0  # recording after the input ends, so its last markers come back
@@ -64,7 +64,7 @@ class MarkerEcho:
 
 
 def marker_echoes(markers: ChirpInserter, peer: PeerCall) -> list[MarkerEcho]:
-    """Every returned marker paired with the one sent, as :func:`media.probe.marker_rtts` does.
+    """Every returned marker paired with the one sent, as :func:`peer.probe.marker_rtts` does.
 
     Each detection belongs to the latest marker sent before it, within one interval, and a
     sent marker is used once. Keeping the stream positions (not only the RTT) lets a test

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-OPENAPI = Path(__file__).resolve().parents[2] / "server" / "openapi.json"
+OPENAPI = Path(__file__).resolve().parents[2] / "server" / "ops" / "openapi.json"
 ANNOTATIONS = frozenset({"description", "title", "default", "contentMediaType", "examples"})
 CHECKED = frozenset(
     {

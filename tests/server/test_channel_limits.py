@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from media.engines.registry import EngineRegistry
-from server.channel_limits import ChannelLimits
-from server.control import ControlError
-from server.peercall import PeerCall
+from peer.call import PeerCall
+from server.sessions.channel_limits import ChannelLimits
+from server.sessions.control import ControlError
 from tests.clock import FakeClock
 from tests.conftest import running_server
 

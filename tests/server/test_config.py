@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from server.cli import build_parser
 from server.config import SERVE_FLAGS, Settings, SettingsError, settings_from
+from server.deploy.cli import build_parser
 from signaling.ice import IceServer
 
 

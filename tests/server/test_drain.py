@@ -18,7 +18,7 @@ import pytest
 from bench.common import free_port, spawned_server
 from media.engines.registry import EngineRegistry
 from media.frames import RTC_RATE
-from server.peercall import PeerCall
+from peer.call import PeerCall
 from signaling.client import SignalingError
 from signaling.ice import restrict_host_addresses
 from tests.conftest import LOOPBACK, running_server

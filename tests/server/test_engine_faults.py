@@ -15,8 +15,8 @@ import pytest
 from media.engines.base import TransformEngine
 from media.engines.registry import EngineRegistry
 from media.frames import RTC_RATE
-from server.breaker import CircuitBreaker
-from server.peercall import PeerCall
+from peer.call import PeerCall
+from server.sessions.breaker import CircuitBreaker
 from signaling.client import SignalingError
 from tests.clock import FakeClock
 from tests.conftest import running_server

@@ -9,7 +9,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from server.peercall import PeerCall
+from peer.call import PeerCall
 from signaling.ice import restrict_host_addresses
 from tests.server.test_metrics import parse, value
 from tests.server.test_workers import two_workers

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from server.logs import SESSION_ID, JsonFormatter, Redactor, SessionFilter, TextFormatter
+from server.ops.logs import SESSION_ID, JsonFormatter, Redactor, SessionFilter, TextFormatter
 from tests.server.test_cli import LOOPBACK, ROOT, clean_env, command, free_port
 
 TOKEN = "s3cret-token-value"

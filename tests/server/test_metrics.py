@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from media.engines.registry import EngineRegistry
 from media.receive import ReceiveStats
-from server.metrics_merge import merge_expositions
-from server.peercall import PeerCall
-from server.session_metrics import SESSION_COUNTERS, _Tracked
+from peer.call import PeerCall
+from server.ops.metrics_merge import merge_expositions
+from server.ops.session_metrics import SESSION_COUNTERS, _Tracked
 from tests.conftest import running_server
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -13,9 +13,10 @@ import pytest
 from aiohttp import web
 
 from media.engines.registry import EngineRegistry
-from server.app import WEB_DIR, create_app
-from server.front import create_front_app
-from server.peercall import PeerCall
+from peer.call import PeerCall
+from server.deploy.front import create_front_app
+from server.http.app import create_app
+from server.http.page import WEB_DIR
 from tests.conftest import loopback_settings, running_server
 from tests.server.schema_check import (
     ANNOTATIONS,

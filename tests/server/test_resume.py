@@ -17,7 +17,7 @@ from media.engines.base import SpeakEngine
 from media.engines.registry import EngineRegistry
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.resample import StreamResampler
-from server.peercall import PeerCall
+from peer.call import PeerCall
 from signaling.client import SignalingError
 from tests.conftest import running_server
 from tests.integration.test_transform_call import frame_levels_db

@@ -18,13 +18,12 @@ import pytest
 from aiohttp import web
 
 from media.engines.registry import EngineRegistry
-from server.cli import build_parser
-from server.peer import PeerOptions
-from server.peercall import PeerCall
-from server.prompt_routes import MAX_PROMPT_BYTES
-from server.security import protect
+from peer.call import PeerCall
+from peer.cli import PeerOptions, build_parser
+from server.http.errors import json_errors
+from server.http.prompt_routes import MAX_PROMPT_BYTES
+from server.http.security import protect
 from signaling.client import SignalingError
-from signaling.errors import json_errors
 from signaling.ice import IceServer
 from tests.conftest import LOOPBACK, RunningServer, loopback_settings, running_server
 from tests.signaling.offers import new_offer
@@ -434,7 +433,7 @@ async def raw_get(url: str, target: str) -> tuple[int, bytes]:
         "/app.js/../../README.md",
         "/.git/config",
         "/web/index.html",
-        "/server/app.py",
+        "/server/http/app.py",
         "//etc/passwd",
         "/%2fetc%2fpasswd",
     ],
@@ -474,7 +473,7 @@ async def test_the_headless_peer_calls_with_its_token(guarded: RunningServer):
 
 
 def test_peer_token_comes_from_its_flag_or_the_server_variable(monkeypatch: pytest.MonkeyPatch):
-    argv = ["peer", "--url", "http://127.0.0.1:1", "--input", "a.wav", "--output", "b.wav"]
+    argv = ["--url", "http://127.0.0.1:1", "--input", "a.wav", "--output", "b.wav"]
     monkeypatch.setenv("COSYRTC_AUTH_TOKEN", "from-env")
     assert PeerOptions.from_args(build_parser().parse_args(argv)).token == "from-env"
     flagged = build_parser().parse_args([*argv, "--token", "from-flag"])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bench.common import free_port, spawned_server
-from server.peercall import PeerCall
+from peer.call import PeerCall
 from signaling.ice import restrict_host_addresses
 
 

@@ -19,13 +19,13 @@ import pytest
 from bench.common import free_port, spawned_server
 from media.engines.registry import EngineRegistry
 from media.frames import RTC_RATE
-from server.peercall import PeerCall
+from peer.call import PeerCall
+from peer.speech import SpeechFixture
 from signaling.ice import announce_host_address, bind_host_ports, restrict_host_addresses
 from tests.conftest import LOOPBACK, running_server
 from tests.signaling.nat import OneToOneNat
 from tests.signaling.offers import new_offer, without_prefix
 from tests.signaling.ports import free_port_block, udp_ports_bound_here
-from tests.speech import SpeechFixture
 
 SDP = "application/sdp"
 TRICKLE = "application/trickle-ice-sdpfrag"

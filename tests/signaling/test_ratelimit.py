@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from server.http.ratelimit import AddressLimiter, TokenBucket, client_key
 from signaling.errors import ApiError
-from signaling.ratelimit import AddressLimiter, TokenBucket, client_key
 from tests.clock import FakeClock
 
 

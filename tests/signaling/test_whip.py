@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from media.engines.registry import EngineRegistry
-from server import sessions as session_module
+from server.sessions import manager as session_module
 from signaling.ice import IceServer, rtc_configuration
 from tests.conftest import RunningServer, running_server
 from tests.signaling.offers import LivePeer, audio_direction, new_offer

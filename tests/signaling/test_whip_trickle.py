@@ -13,7 +13,8 @@ from aiortc import RTCSessionDescription
 
 from media.engines.registry import EngineRegistry
 from media.frames import RTC_RATE
-from server.peercall import PeerCall
+from peer.call import PeerCall
+from peer.speech import SpeechFixture
 from signaling.errors import ApiError
 from signaling.trickle import (
     IceCredentials,
@@ -24,7 +25,6 @@ from signaling.trickle import (
 from tests.conftest import RunningServer, running_server
 from tests.netfaults.relay import UdpRelay
 from tests.signaling.offers import new_offer, without_prefix
-from tests.speech import SpeechFixture
 
 SDP = "application/sdp"
 TRICKLE = "application/trickle-ice-sdpfrag"

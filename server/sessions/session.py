@@ -14,9 +14,9 @@ from aiortc import RTCDataChannel, RTCPeerConnection
 from media.engines.base import Engine
 from media.pipeline import TransformPipeline
 from media.speak import SpeakPipeline
-from server.channel_limits import ChannelLimits
-from server.control import ControlError, apply, decode, parse
-from server.events import EventHub
+from server.sessions.channel_limits import ChannelLimits
+from server.sessions.control import ControlError, apply, decode, parse
+from server.sessions.events import EventHub
 from signaling.errors import ApiError
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from media.pipeline import TransformPipeline
 from server.config import Settings
-from server.session import Session
-from server.sessions import SessionManager
+from server.sessions.manager import SessionManager
+from server.sessions.session import Session
 
 
 def session_summary(session: Session) -> dict[str, Any]:

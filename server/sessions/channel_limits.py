@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from server.control import ControlError
-from signaling.ratelimit import Clock, TokenBucket
+from server.http.ratelimit import Clock, TokenBucket
+from server.sessions.control import ControlError
 
 
 class ChannelLimits:

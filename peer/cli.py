@@ -2,7 +2,7 @@
 
     python -m server peer --url http://127.0.0.1:8080/ --input in.wav --output out.wav --json
 
-Round-trip time is measured in-band (see :mod:`media.probe`): with chirp markers for
+Round-trip time is measured in-band (see :mod:`peer.probe`): with chirp markers for
 engines that return the waveform (``echo``), by matching speech envelopes otherwise.
 """
 
@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,16 @@ import aiohttp
 import numpy as np
 
 from media.frames import RTC_RATE
-from media.probe import ChirpInserter, marker_rtts, rtt_from_envelopes, summarize
 from media.rtc.compat import accept_rsa_dtls_peers
 from media.wav import read_wav, write_wav
-from server.peercall import CONNECT_TIMEOUT_S, PeerCall
+from peer.call import CONNECT_TIMEOUT_S, PeerCall
+from peer.probe import ChirpInserter, marker_rtts, rtt_from_envelopes, summarize
 from signaling.client import SignalingError
 from signaling.ice import restrict_host_addresses
 
 log = logging.getLogger(__name__)
+
+PEER_DESCRIPTION = "Call a cosyrtc server with a WAV file, record the reply, report the call."
 
 WAVEFORM_PRESERVING = ("echo",)
 TOKEN_VARIABLE = "COSYRTC_AUTH_TOKEN"  # the server's own variable: one secret for both
@@ -202,3 +205,15 @@ async def run_peer(opts: PeerOptions) -> int:
         print(f"error: {report.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m server peer", description=PEER_DESCRIPTION)
+    add_peer_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m server peer ...``."""
+    args = build_parser().parse_args(argv)
+    return asyncio.run(run_peer(PeerOptions.from_args(args)))

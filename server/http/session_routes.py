@@ -11,8 +11,9 @@ import json
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from server.sessions import SessionManager
+from server.sessions.manager import SessionManager
 from signaling.errors import ApiError
 
 SSE_KEEPALIVE_SECONDS = 15.0
@@ -35,11 +36,14 @@ class SessionRoutes:
     def __init__(self, sessions: SessionManager) -> None:
         self._sessions = sessions
 
-    def register(self, app: web.Application) -> None:
-        app.router.add_get("/sessions/{session_id}", self.describe)
-        app.router.add_post("/sessions/{session_id}/speak", self.speak)
-        app.router.add_post("/sessions/{session_id}/interrupt", self.interrupt)
-        app.router.add_get("/sessions/{session_id}/events", self.events)
+    def handlers(self) -> dict[str, Handler]:
+        """This class's handlers by their names in ``server.http.routes``."""
+        return {
+            "describe": self.describe,
+            "speak": self.speak,
+            "interrupt": self.interrupt,
+            "events": self.events,
+        }
 
     async def describe(self, request: web.Request) -> web.Response:
         session = self._sessions.get(request.match_info["session_id"])

@@ -17,10 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
-
-from signaling.errors import Handler
 
 ALLOWED_HEADERS = "Content-Type, Authorization, If-Match"
 EXPOSED_HEADERS = "Location, ETag, Link, Accept-Post, Retry-After, WWW-Authenticate"

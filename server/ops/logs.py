@@ -23,9 +23,9 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from server.config import Settings
-from signaling.errors import Handler
 
 SESSION_ID: ContextVar[str | None] = ContextVar("session_id", default=None)
 MAX_MESSAGE_CHARS = 4000

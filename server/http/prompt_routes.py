@@ -8,7 +8,6 @@ and the session speaks (or converts) in that voice from its next utterance on.
     curl -X POST -H 'Content-Type: audio/wav' --data-binary @me.wav \\
          "http://127.0.0.1:8080/sessions/$SESSION/prompt?transcript=Hello%20there"
 
-Register with ``register(app, sessions)`` before the app starts.
 """
 
 from __future__ import annotations
@@ -19,14 +18,14 @@ import wave
 
 import numpy as np
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from server.sessions import SessionManager
-from signaling.bodies import read_body
+from server.http.bodies import read_body
+from server.http.routes import MAX_PROMPT_BYTES
+from server.sessions.manager import SessionManager
 from signaling.errors import ApiError
 
 WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave")
-# 30 s of 48 kHz 16-bit stereo: the longest clip the engines accept, at the largest usual size.
-MAX_PROMPT_BYTES = 30 * 48_000 * 2 * 2 + 1024
 PCM16_SCALE = 32768.0
 
 
@@ -51,9 +50,16 @@ async def _read_body(request: web.Request) -> bytes:
     return await read_body(request, MAX_PROMPT_BYTES)
 
 
-def register(app: web.Application, sessions: SessionManager) -> None:
-    async def set_prompt(request: web.Request) -> web.Response:
-        session = sessions.get(request.match_info["session_id"])
+class PromptRoutes:
+    def __init__(self, sessions: SessionManager) -> None:
+        self._sessions = sessions
+
+    def handlers(self) -> dict[str, Handler]:
+        """This class's handlers by their names in ``server.http.routes``."""
+        return {"set_prompt": self.set_prompt}
+
+    async def set_prompt(self, request: web.Request) -> web.Response:
+        session = self._sessions.get(request.match_info["session_id"])
         engine = session.engine
         if not hasattr(engine, "set_prompt"):
             raise ApiError(
@@ -68,5 +74,3 @@ def register(app: web.Application, sessions: SessionManager) -> None:
         except ValueError as exc:  # PromptError: too short, too long, no transcript
             raise ApiError(400, "invalid_prompt", str(exc)) from exc
         return web.json_response({"seconds": round(len(audio) / rate, 2)})
-
-    app.router.add_post("/sessions/{session_id}/prompt", set_prompt)

@@ -25,8 +25,8 @@ from prometheus_client.registry import Collector
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.pipeline import TransformPipeline
 from media.stages import DurationHistogram
-from server.session import Session
-from server.sessions import SessionManager
+from server.sessions.manager import SessionManager
+from server.sessions.session import Session
 
 PREFIX = "cosyrtc"
 RECONCILE_SECONDS = 1.0

@@ -7,27 +7,27 @@ once), the thread pool that runs engine calls off the event loop, and the sessio
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from aiohttp import web
 
 from media.engines.registry import EngineRegistry
 from media.rtc.compat import accept_rsa_dtls_peers
 from media.vad import SileroVad, VadUnavailable
-from server import observability, prompt_routes
 from server.config import Settings
-from server.security import protect
-from server.session_routes import SessionRoutes
-from server.sessions import SessionManager
-from signaling.errors import json_errors
+from server.http import observability
+from server.http.errors import json_errors
+from server.http.page import register_page
+from server.http.prompt_routes import PromptRoutes
+from server.http.routes import register_api
+from server.http.security import protect
+from server.http.session_routes import SessionRoutes
+from server.http.signaling_routes import SignalingRoutes
+from server.sessions.manager import SessionManager
 from signaling.ice import announce_host_address, bind_host_ports, restrict_host_addresses
-from signaling.routes import SignalingRoutes
 
 log = logging.getLogger(__name__)
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 SERVER_KEY: web.AppKey[Server] = web.AppKey("server")
 
 
@@ -58,34 +58,6 @@ def load_vad() -> SileroVad | None:
         return None
 
 
-def file_handler(path: Path) -> Callable[[web.Request], Awaitable[web.FileResponse]]:
-    async def serve(request: web.Request) -> web.FileResponse:
-        return web.FileResponse(path)
-
-    return serve
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-def register_page(app: web.Application) -> frozenset[str]:
-    """``/healthz`` and the page's files; returns the page's paths, which need no token.
-
-    One route per page file, not a static catch-all at "/": that would answer every unknown
-    path itself (an empty, non-JSON 404 for GET, 405 for other methods), and no request path
-    can name a file outside web/. Hidden files (an editor's swap file) are not served.
-    """
-    app.router.add_get("/healthz", healthz)
-    pages = {"/": WEB_DIR / "index.html"}
-    for path in sorted(WEB_DIR.iterdir()):
-        if path.is_file() and not path.name.startswith("."):
-            pages[f"/{path.name}"] = path
-    for route, path in pages.items():
-        app.router.add_get(route, file_handler(path))
-    return frozenset(pages)
-
-
 async def drain_sessions(app: web.Application) -> None:
     """On SIGTERM: refuse new sessions, let live ones finish up to the drain timeout."""
     server = app[SERVER_KEY]
@@ -113,9 +85,16 @@ def create_app(
     server = Server(settings, registry, id_prefix)
     app = web.Application(middlewares=[json_errors], client_max_size=settings.max_body_bytes)
     app[SERVER_KEY] = server
-    SignalingRoutes(server.sessions, settings.ice_servers, settings.max_body_bytes).register(app)
-    SessionRoutes(server.sessions).register(app)
-    prompt_routes.register(app, server.sessions)
+    register_api(
+        app,
+        {
+            **SignalingRoutes(
+                server.sessions, settings.ice_servers, settings.max_body_bytes
+            ).handlers(),
+            **SessionRoutes(server.sessions).handlers(),
+            **PromptRoutes(server.sessions).handlers(),
+        },
+    )
     protect(app, settings, register_page(app))
     observability.register(app, server.sessions, settings)
 

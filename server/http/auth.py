@@ -26,9 +26,9 @@ import hmac
 from collections.abc import Collection
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 
-from signaling.errors import ApiError, Handler
+from signaling.errors import ApiError
 
 PUBLIC_PATHS: frozenset[str] = frozenset({"/", "/healthz", "/readyz", "/openapi.json"})
 ADMIN_PATHS: frozenset[str] = frozenset({"/sessions", "/metrics"})

@@ -37,16 +37,16 @@ from media.opus import Application, OpusEncoder
 from media.pipeline import TransformPipeline
 from media.speak import SpeakPipeline
 from media.vad import SileroVad
-from server import refusals
-from server.breaker import Breakers
-from server.channel_limits import ChannelLimits
 from server.config import Settings
-from server.events import EventHub
 from server.remote_candidates import add_remote_candidates, ice_session_of
-from server.session import Session
+from server.sessions import refusals
+from server.sessions.breaker import Breakers
+from server.sessions.channel_limits import ChannelLimits
+from server.sessions.events import EventHub
+from server.sessions.session import Session
 from signaling.errors import ApiError
 from signaling.ice import rtc_configuration
-from signaling.routes import CodecRequest, OfferAnswer, OfferRequest, ResumeRequest
+from signaling.offers import CodecRequest, OfferAnswer, OfferRequest, ResumeRequest
 from signaling.sdp import OpusParameters
 from signaling.trickle import IceSession, TrickleFragment
 

@@ -12,9 +12,9 @@ from collections.abc import Collection
 from aiohttp import web
 
 from server.config import Settings
-from signaling.auth import PUBLIC_PATHS, auth_middleware
-from signaling.cors import CorsPolicy, preflight_middleware
-from signaling.ratelimit import AddressLimiter, session_rate_middleware
+from server.http.auth import PUBLIC_PATHS, auth_middleware
+from server.http.cors import CorsPolicy, preflight_middleware
+from server.http.ratelimit import AddressLimiter, session_rate_middleware
 
 
 def protect(app: web.Application, settings: Settings, page_paths: Collection[str]) -> None:

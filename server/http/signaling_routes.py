@@ -7,22 +7,29 @@ or engines, it only passes the engine's name through.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from signaling.auth import is_authorized
-from signaling.bodies import read_body
+from server.http.auth import is_authorized
+from server.http.bodies import read_body
+from server.http.cors import ALLOWED_HEADERS, PREFLIGHT_MAX_AGE_SECONDS
 from signaling.candidates import without_unreachable_candidates
-from signaling.cors import ALLOWED_HEADERS, PREFLIGHT_MAX_AGE_SECONDS
 from signaling.errors import ApiError
 from signaling.ice import IceServer
-from signaling.sdp import OfferSummary, inspect_offer
+from signaling.offers import (
+    JSON_TYPE,
+    SDP_TYPE,
+    WHIP_SESSION_PATH,
+    CodecRequest,
+    OfferAnswer,
+    OfferRequest,
+    parse_offer_json,
+    whip_etag,
+)
+from signaling.sdp import inspect_offer
 from signaling.trickle import (
     TRICKLE_TYPE,
     IceSession,
@@ -30,100 +37,6 @@ from signaling.trickle import (
     check_if_match,
     parse_sdpfrag,
 )
-
-SDP_TYPE = "application/sdp"
-JSON_TYPE = "application/json"
-WHIP_SESSION_PATH = "/whip/sessions/{session_id}"
-
-
-APPLICATIONS = ("voip", "audio", "restricted_lowdelay")
-MIN_BITRATE, MAX_BITRATE = 6_000, 510_000
-
-
-@dataclass(frozen=True)
-class CodecRequest:
-    """Per-session Opus settings a client may ask for (the offer's fmtp still caps them).
-
-    ``restricted_lowdelay`` saves ~5 ms of codec delay per direction at the cost of SILK's
-    speech coding; ``bitrate`` is in bits per second.
-    """
-
-    application: str = "voip"
-    bitrate: int | None = None
-
-    @classmethod
-    def parse(cls, raw: Any) -> CodecRequest:
-        if raw is None:
-            return cls()
-        if not isinstance(raw, dict):
-            raise ApiError(400, "invalid_codec", "Field 'codec' must be a JSON object.")
-        unknown = sorted(set(raw) - {"application", "bitrate"})
-        if unknown:
-            raise ApiError(400, "invalid_codec", f"Unknown codec setting '{unknown[0]}'.")
-        application = raw.get("application", "voip")
-        if application not in APPLICATIONS:
-            raise ApiError(
-                400, "invalid_codec", f"codec.application must be one of {', '.join(APPLICATIONS)}."
-            )
-        bitrate = raw.get("bitrate")
-        if bitrate is not None:
-            # ASCII digits only: str.isdigit() also accepts '²', which int() refuses, and
-            # int() refuses past 4300 digits (out of range anyway).
-            if isinstance(bitrate, str) and bitrate.isascii() and bitrate.isdigit():
-                with contextlib.suppress(ValueError):
-                    bitrate = int(bitrate)
-            if (
-                isinstance(bitrate, bool)
-                or not isinstance(bitrate, int)
-                or not MIN_BITRATE <= bitrate <= MAX_BITRATE
-            ):
-                raise ApiError(
-                    400,
-                    "invalid_codec",
-                    f"codec.bitrate must be an integer from {MIN_BITRATE} to {MAX_BITRATE}.",
-                )
-        return cls(application, bitrate)
-
-
-@dataclass(frozen=True)
-class ResumeRequest:
-    """An offer's claim to continue a detached session: its id and its resume token."""
-
-    session_id: str
-    token: str
-
-    @classmethod
-    def parse(cls, raw: Any) -> ResumeRequest | None:
-        if raw is None:
-            return None
-        if not isinstance(raw, dict):
-            raise ApiError(400, "invalid_resume", "Field 'resume' must be a JSON object.")
-        session_id, token = raw.get("session_id"), raw.get("token")
-        if not isinstance(session_id, str) or not isinstance(token, str):
-            raise ApiError(
-                400, "invalid_resume", "Field 'resume' needs string 'session_id' and 'token'."
-            )
-        return cls(session_id, token)
-
-
-@dataclass(frozen=True)
-class OfferRequest:
-    """A validated offer, as the session host receives it."""
-
-    sdp: str
-    summary: OfferSummary
-    engine: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    codec: CodecRequest = CodecRequest()
-    whip: bool = False
-    resume: ResumeRequest | None = None
-
-
-@dataclass(frozen=True)
-class OfferAnswer:
-    sdp: str
-    session_id: str
-    resume_token: str = ""  # what a later offer presents to resume this session
 
 
 class SessionHost(Protocol):
@@ -159,49 +72,6 @@ async def _read_text(request: web.Request, limit: int) -> str:
         raise ApiError(400, "invalid_encoding", "The body must be UTF-8 text.") from exc
 
 
-def _parse_offer_json(
-    text: str,
-) -> tuple[str, str | None, dict[str, Any], CodecRequest, ResumeRequest | None]:
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, "invalid_json", f"The body is not valid JSON: {exc.msg}.") from exc
-    except (ValueError, RecursionError) as exc:  # a number past int's digit limit, deep nesting
-        raise ApiError(
-            400, "invalid_json", "The body nests too deeply or has a number too long to read."
-        ) from exc
-    if not isinstance(payload, dict):
-        raise ApiError(400, "invalid_request", "The body must be a JSON object.")
-    sdp, kind = payload.get("sdp"), payload.get("type")
-    if not isinstance(sdp, str):
-        raise ApiError(400, "invalid_request", "Field 'sdp' must be a string.")
-    if kind != "offer":
-        raise ApiError(400, "invalid_request", "Field 'type' must be \"offer\".")
-    engine = payload.get("engine")
-    if engine is not None and not isinstance(engine, str):
-        raise ApiError(400, "invalid_request", "Field 'engine' must be a string.")
-    options = payload.get("options")
-    if options is None:
-        options = {}
-    if not isinstance(options, dict):
-        raise ApiError(400, "invalid_options", "Field 'options' must be a JSON object.")
-    codec = CodecRequest.parse(payload.get("codec"))
-    return sdp, engine, options, codec, ResumeRequest.parse(payload.get("resume"))
-
-
-def _etag(answer_sdp: str) -> str:
-    """An entity tag for the ICE session: it changes exactly when the ICE credentials do."""
-    ufrag = next(
-        (
-            line[len("a=ice-ufrag:") :]
-            for line in answer_sdp.splitlines()
-            if line.startswith("a=ice-ufrag:")
-        ),
-        answer_sdp,
-    )
-    return '"' + hashlib.sha256(ufrag.encode()).hexdigest()[:16] + '"'
-
-
 class SignalingRoutes:
     """The offer, WHIP, session-delete and engine-listing routes."""
 
@@ -215,16 +85,16 @@ class SignalingRoutes:
         self._ice_servers = list(ice_servers)
         self._max_body = max_body_bytes
 
-    def register(self, app: web.Application) -> None:
-        app.router.add_get("/engines", self.engines)
-        app.router.add_post("/offer", self.offer)
-        app.router.add_delete("/sessions/{session_id}", self.delete_session)
-        for path in ("/whip", "/whip/{engine}"):
-            app.router.add_post(path, self.whip_publish)
-            app.router.add_route("OPTIONS", path, self.whip_options)
-        app.router.add_delete(WHIP_SESSION_PATH, self.delete_session)
-        app.router.add_patch(WHIP_SESSION_PATH, self.whip_trickle)
-        app.router.add_route("OPTIONS", WHIP_SESSION_PATH, self.whip_options)
+    def handlers(self) -> dict[str, Handler]:
+        """This class's handlers by their names in ``server.http.routes``."""
+        return {
+            "engines": self.engines,
+            "offer": self.offer,
+            "whip_publish": self.whip_publish,
+            "whip_options": self.whip_options,
+            "delete_session": self.delete_session,
+            "whip_trickle": self.whip_trickle,
+        }
 
     async def engines(self, request: web.Request) -> web.Response:
         return web.json_response(self._host.engines_document())
@@ -232,7 +102,7 @@ class SignalingRoutes:
     async def offer(self, request: web.Request) -> web.Response:
         _require_content_type(request, JSON_TYPE)
         text = await _read_text(request, self._max_body)
-        sdp, engine, options, codec, resume = _parse_offer_json(text)
+        sdp, engine, options, codec, resume = parse_offer_json(text)
         offer = OfferRequest(
             sdp=without_unreachable_candidates(sdp),
             summary=inspect_offer(sdp),
@@ -263,7 +133,7 @@ class SignalingRoutes:
         )
         answer = await self._host.open_session(offer)
         location = WHIP_SESSION_PATH.format(session_id=answer.session_id)
-        headers = {"Location": location, "ETag": _etag(answer.sdp)}
+        headers = {"Location": location, "ETag": whip_etag(answer.sdp)}
         response = web.Response(status=201, text=answer.sdp, content_type=SDP_TYPE, headers=headers)
         for server in self._ice_servers:
             response.headers.add("Link", server.link_header())
@@ -272,7 +142,7 @@ class SignalingRoutes:
     async def whip_options(self, request: web.Request) -> web.Response:
         """CORS preflight, plus the ICE servers a client may use before it offers.
 
-        The origin headers are added by the CORS policy (signaling/cors.py). A preflight
+        The origin headers are added by the CORS policy (server/http/cors.py). A preflight
         carries no credentials, so the ICE servers (TURN passwords) are only listed for a
         request whose token is good, or when the server asks for none.
         """
@@ -313,7 +183,7 @@ class SignalingRoutes:
         text = await _read_text(request, self._max_body)
         session_id = request.match_info["session_id"]
         ice = self._host.ice_session(session_id)
-        check_if_match(request.headers.get("If-Match"), _etag(ice.answer_sdp))
+        check_if_match(request.headers.get("If-Match"), whip_etag(ice.answer_sdp))
         fragment = parse_sdpfrag(text)
         if fragment.restarts_ice(ice.remote):
             raise ApiError(

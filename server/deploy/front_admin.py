@@ -2,25 +2,25 @@
 
 Each worker serves ``/metrics`` and ``/sessions`` for its own sessions; the front asks every
 live worker over its Unix socket at once and merges the answers (see
-``server.metrics_merge``). ``/readyz`` is the front's own judgement: every worker alive,
+``server.ops.metrics_merge``). ``/readyz`` is the front's own judgement: every worker alive,
 the server's total below ``--max-sessions``, and not draining.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from server.admin_routes import readiness
-from server.metrics import ProcessMetrics
-from server.metrics_merge import merge_expositions
-
-if TYPE_CHECKING:
-    from server.front import Front, Worker
+from server.deploy.workers import Front, Worker
+from server.http.admin_routes import readiness
+from server.http.observability import METRICS_KEY, add_middlewares, run_metrics
+from server.ops import openapi
+from server.ops.metrics import ProcessMetrics
+from server.ops.metrics_merge import merge_expositions
 
 WORKER_ANSWER_TIMEOUT_S = 2.0
 
@@ -101,3 +101,18 @@ class FrontAdminRoutes:
             max_sessions=front.settings.max_sessions,
             workers_down=down,
         )
+
+
+def register_front_admin(app: web.Application, front: Front) -> ProcessMetrics:
+    """The operator routes on the front, answered for every worker together.
+
+    Only the front's own refusals are counted here (at capacity, rate limited, a worker
+    that did not answer); a worker's refusals are counted, and reported, by that worker.
+    """
+    metrics = ProcessMetrics()
+    app[METRICS_KEY] = metrics
+    add_middlewares(app, metrics.offer_counter(None))
+    FrontAdminRoutes(front, metrics).register(app)
+    openapi.register(app)
+    run_metrics(app, metrics)
+    return metrics

@@ -1,28 +1,19 @@
-"""Command line: ``serve`` runs the server, ``peer`` runs the headless WebRTC peer."""
+"""The server's command line: ``serve`` runs it, ``worker`` is one worker behind a front."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 
-from media.engines.registry import EngineRegistry
-from server.config import Settings, SettingsError, add_serve_arguments, settings_from
-from server.logs import configure_logging
-from server.runner import serve_tcp
-
-
-def load_engines(settings: Settings) -> EngineRegistry:
-    """Every engine this installation can run, with optional ones pointed at their files."""
-    from media.engines.cosyvoice.loader import configure
-
-    configure(model_dir=settings.cosyvoice_model, src_path=settings.cosyvoice_src)
-    return EngineRegistry.load()
+from server.config import SettingsError, add_serve_arguments, settings_from
+from server.deploy.engines import load_engines
+from server.deploy.runner import serve_tcp
+from server.ops.logs import configure_logging
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from server.tls import tls_context
+    from server.deploy.tls import tls_context
 
     try:
         settings = settings_from(args)
@@ -34,14 +25,14 @@ def _serve(args: argparse.Namespace) -> int:
     shown_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"{'https' if tls else 'http'}://{shown_host}:{settings.port}/"
     if settings.workers > 1:
-        from server.front import create_front_app, drain_front
+        from server.deploy.front import create_front_app, drain_front
 
         app = create_front_app(settings, args.passthrough)
         print(f"cosyrtc is running: open {url} ({settings.workers} workers)", flush=True)
         serve_tcp(app, settings.host, settings.port, drain_front, tls)
         return 0
     registry = load_engines(settings)
-    from server.app import create_app, drain_sessions
+    from server.http.app import create_app, drain_sessions
 
     try:
         app = create_app(settings, registry)
@@ -57,15 +48,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     configure_logging(settings, worker=args.index)
-    from server.worker import run_worker
+    from server.deploy.worker import run_worker
 
     return run_worker(settings, args.index, args.socket)
 
 
-def _peer(args: argparse.Namespace) -> int:
-    from server.peer import PeerOptions, run_peer
-
-    return asyncio.run(run_peer(PeerOptions.from_args(args)))
+PEER_HELP = "call a server with a WAV file and record the reply (python -m server peer -h)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,11 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the WebRTC inference server")
     add_serve_arguments(serve)
     serve.set_defaults(run=_serve)
-    peer = commands.add_parser("peer", help="call a server with a WAV file and record the reply")
-    from server.peer import add_peer_arguments
-
-    add_peer_arguments(peer)
-    peer.set_defaults(run=_peer)
+    # Listed for --help only: server/__main__.py hands ``peer`` to the peer package first.
+    commands.add_parser("peer", help=PEER_HELP, add_help=False)
     worker = commands.add_parser("worker", help=argparse.SUPPRESS)
     add_serve_arguments(worker)
     worker.add_argument("--index", type=int, required=True)

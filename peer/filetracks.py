@@ -1,6 +1,6 @@
 """Tracks for a headless peer: play samples in real time, record what the server sends.
 
-Both stamp every frame with ``time.monotonic()`` on a :class:`media.probe.Timeline`, so the
+Both stamp every frame with ``time.monotonic()`` on a :class:`peer.probe.Timeline`, so the
 peer can measure round-trip time on the audio itself. The peer sends Opus it encodes itself
 and receives through the same :mod:`media.receive` path as the server, so what it measures
 is the server and the network, not aiortc's client-side buffering.
@@ -18,9 +18,9 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from media.frames import FRAME_SAMPLES, RTC_RATE
 from media.opus import OpusEncoder
-from media.probe import Timeline
 from media.receive import ReceiveStats
 from media.tracks import opus_packet
+from peer.probe import Timeline
 
 FRAME_SECONDS = FRAME_SAMPLES / RTC_RATE
 PEER_BITRATE = 96_000

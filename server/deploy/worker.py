@@ -1,6 +1,6 @@
 """A worker process: one event loop, one aiortc stack, its own engines, behind a front.
 
-The front process (``server.front``) starts one worker per core and talks to each over a
+The front process (``server.deploy.front``) starts one worker per core and talks to each over a
 Unix socket with plain HTTP: the worker serves the whole API for the sessions it owns,
 plus ``GET /internal/load`` for placement. Media never passes through the front: each
 worker's peer connections send and receive RTP themselves.
@@ -16,19 +16,15 @@ import time
 
 from aiohttp import web
 
-from server.app import SERVER_KEY, create_app, drain_sessions
-from server.cli import load_engines
 from server.config import Settings
-from server.runner import serve_unix
+from server.deploy.engines import load_engines
+from server.deploy.runner import serve_unix
+from server.http.app import SERVER_KEY, create_app, drain_sessions
+from server.http.routes import worker_prefix
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-
-
-def session_prefix(index: int) -> str:
-    """The routing prefix of worker ``index``'s session ids."""
-    return f"w{index}-"
 
 
 def _die_with_parent() -> None:
@@ -56,7 +52,7 @@ class LoadMeter:
 def run_worker(settings: Settings, index: int, socket_path: str) -> int:
     _die_with_parent()
     registry = load_engines(settings)
-    app = create_app(settings, registry, id_prefix=session_prefix(index))
+    app = create_app(settings, registry, id_prefix=worker_prefix(index))
     meter = LoadMeter()
 
     async def load(request: web.Request) -> web.Response:

@@ -20,9 +20,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 
-from signaling.errors import ApiError, Handler
+from signaling.errors import ApiError
 
 MAX_TRACKED_ADDRESSES = 100_000
 IPV6_CLIENT_PREFIX = 64

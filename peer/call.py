@@ -20,9 +20,9 @@ import aiohttp
 import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from media.filetracks import PEER_BITRATE, FrameRecorder, SamplesSourceTrack
 from media.opus import Application, OpusEncoder
 from media.receive import AudioReceivePath, install
+from peer.filetracks import PEER_BITRATE, FrameRecorder, SamplesSourceTrack
 from signaling.client import Answer, delete_session, post_offer, post_whip
 from signaling.ice import rtc_configuration
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of one server process, and the ``GET /metrics`` route.
 
-A process's registry holds the session metrics (``server.session_metrics``), refused offers
+A process's registry holds the session metrics (``server.ops.session_metrics``), refused offers
 by reason, the event loop's lag, and the process's CPU and memory. Reading is split in two:
 the session sums are taken on the event loop (plain attribute reads, a few at a time), the
 text is formatted in a thread (formatting hundreds of samples, and reading ``/proc`` for
@@ -18,13 +18,13 @@ import json
 from collections.abc import Callable
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from server.session_metrics import PREFIX, SessionCollector
-from server.sessions import SessionManager
-from signaling.errors import ApiError, Handler
+from server.ops.session_metrics import PREFIX, SessionCollector
+from server.sessions.manager import SessionManager
+from signaling.errors import ApiError
 
 SESSION_CREATING_ROUTES = frozenset({"/offer", "/whip", "/whip/{engine}"})
 LOOP_LAG_INTERVAL_SECONDS = 0.1
