@@ -31,7 +31,7 @@ $(VENV)/bin/python:
 	$(PIP) install -q --upgrade pip
 
 # silero-vad's metadata requires torch, which the server does not use: only the ONNX file the
-# wheel bundles is read (media/vad.py), so it goes in without its dependencies.
+# wheel bundles is read (media/audio/vad.py), so it goes in without its dependencies.
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps silero-vad==6.2.3

@@ -46,8 +46,8 @@ from bench.common import (
 )
 from bench.loadclient import EncodedClip, LoadCaller
 from bench.overload import offer_spread, real_offers, summarise
+from media.rtc.compat import restrict_host_addresses
 from peer.speech import speech_with_pauses
-from signaling.ice import restrict_host_addresses
 
 PROBES = 3
 SETTLE_S = 3.0

@@ -52,8 +52,8 @@ from bench.common import (
     write_results,
 )
 from bench.loadclient import EncodedClip, LoadCaller
+from media.rtc.compat import restrict_host_addresses
 from peer.speech import speech_with_pauses
-from signaling.ice import restrict_host_addresses
 
 AUDIO_PACKETS = 25  # half a second of echoed audio proves the session carried media
 AUDIO_TIMEOUT_S = 10.0

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from media.frames import RTC_RATE
-from media.wav import write_wav
+from media.audio.frames import RTC_RATE
+from media.audio.wav import write_wav
 from peer.speech import speech_with_pauses
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,14 +24,15 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from media.frames import FRAME_SAMPLES
-from media.opus import OpusEncoder
-from media.receive import AudioReceivePath, install
-from media.tracks import TIME_BASE
+from media.audio.frames import FRAME_SAMPLES
+from media.audio.opus import OpusEncoder
+from media.rtc.compat import install_receive_path as install
+from media.rtc.ice import rtc_configuration
+from media.rtc.receive import AudioReceivePath
+from media.rtc.tracks import TIME_BASE
 from peer.filetracks import FrameRecorder, RealTimeClock
 from peer.probe import ChirpInserter, Timeline, detect_markers, rtt_from_markers
 from signaling.client import Answer, delete_session, post_offer
-from signaling.ice import rtc_configuration
 
 CONNECT_TIMEOUT_S = 20.0
 

@@ -21,7 +21,7 @@ import aiohttp
 from aiortc import RTCPeerConnection
 
 from bench.common import percentile
-from signaling.ice import rtc_configuration
+from media.rtc.ice import rtc_configuration
 
 OFFER_GROUP = 5  # offers sent at once; groups are spread evenly over the offering window
 

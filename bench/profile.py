@@ -42,13 +42,13 @@ from bench.capacity import (
     server_command,
 )
 from bench.common import ROOT, free_port, print_table, spawned_server, write_results
-from signaling.ice import restrict_host_addresses
+from media.rtc.compat import restrict_host_addresses
 
 RATE_HZ = 100
 # (where a file lives, what it is): a path under site-packages/ or under this repository.
 # The innermost frame that matches one names the sample.
 PARTS = (
-    ("media/opus.py", "Opus encode/decode (libopus via ctypes)"),
+    ("media/audio/opus.py", "Opus encode/decode (libopus via ctypes)"),
     ("pylibsrtp/", "SRTP protect/unprotect (pylibsrtp)"),
     ("OpenSSL/", "DTLS and crypto (pyOpenSSL, cryptography)"),
     ("cryptography/", "DTLS and crypto (pyOpenSSL, cryptography)"),
@@ -59,8 +59,8 @@ PARTS = (
     ("aiortc/rtcrtpsender.py", "RTP sender (aiortc)"),
     ("aiortc/rtcdtlstransport.py", "DTLS transport: RTP demux (aiortc)"),
     ("aiortc/", "other aiortc"),
-    ("media/receive.py", "our receive path (jitter, decode, PLC)"),
-    ("media/pacing.py", "pacing"),
+    ("media/rtc/receive.py", "our receive path (jitter, decode, PLC)"),
+    ("media/pipeline/pacing.py", "pacing"),
     ("media/", "our pipeline, tracks and buffers"),
     ("server/", "sessions, stats, events (server/)"),
     ("signaling/", "signaling (HTTP routes)"),
@@ -130,7 +130,7 @@ def main_thread_stacks(lines: Iterable[str]) -> Counter[tuple[str, ...]]:
 
 
 def short(path: str) -> str:
-    """A file's path from its package: ``aiortc/rtp.py``, ``media/opus.py``, ``asyncio/...``."""
+    """A file's path from its package: ``aiortc/rtp.py``, ``media/audio/opus.py``, ..."""
     if SITE in path:
         return path.split(SITE, 1)[1]
     if path.startswith(f"{ROOT}/"):

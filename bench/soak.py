@@ -37,8 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.capacity import server_command
 from bench.common import free_port, print_table, process_rss_bytes, spawned_server, write_results
 from bench.loadclient import EncodedClip, LoadCaller
+from media.rtc.compat import restrict_host_addresses
 from peer.speech import speech_with_pauses
-from signaling.ice import restrict_host_addresses
 
 PROBES = 2
 WARM_UP_S = 60.0

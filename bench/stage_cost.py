@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 
 from bench.common import print_table, write_results
-from media.latency import InToOutMeter
-from media.resample import StreamResampler
-from media.stages import SpeakStages, TransformStages, timed_resample
+from media.audio.resample import StreamResampler
+from media.pipeline.latency import InToOutMeter
+from media.pipeline.stages import SpeakStages, TransformStages, timed_resample
 
 FRAME = 960
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaRelay
 
-from signaling.ice import restrict_host_addresses
+from media.rtc.compat import restrict_host_addresses
 
 
 def create_app() -> web.Application:

@@ -20,11 +20,12 @@ import aiohttp
 import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from media.opus import Application, OpusEncoder
-from media.receive import AudioReceivePath, install
+from media.audio.opus import Application, OpusEncoder
+from media.rtc.compat import install_receive_path as install
+from media.rtc.ice import rtc_configuration
+from media.rtc.receive import AudioReceivePath
 from peer.filetracks import PEER_BITRATE, FrameRecorder, SamplesSourceTrack
 from signaling.client import Answer, delete_session, post_offer, post_whip
-from signaling.ice import rtc_configuration
 
 CONNECT_TIMEOUT_S = 15.0
 

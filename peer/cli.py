@@ -22,13 +22,12 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from media.frames import RTC_RATE
-from media.rtc.compat import accept_rsa_dtls_peers
-from media.wav import read_wav, write_wav
+from media.audio.frames import RTC_RATE
+from media.audio.wav import read_wav, write_wav
+from media.rtc.compat import accept_rsa_dtls_peers, restrict_host_addresses
 from peer.call import CONNECT_TIMEOUT_S, PeerCall
 from peer.probe import ChirpInserter, marker_rtts, rtt_from_envelopes, summarize
 from signaling.client import SignalingError
-from signaling.ice import restrict_host_addresses
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Both stamp every frame with ``time.monotonic()`` on a :class:`peer.probe.Timeline`, so the
 peer can measure round-trip time on the audio itself. The peer sends Opus it encodes itself
-and receives through the same :mod:`media.receive` path as the server, so what it measures
+and receives through the same :mod:`media.rtc.receive` path as the server, so what it measures
 is the server and the network, not aiortc's client-side buffering.
 """
 
@@ -16,10 +16,10 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.opus import OpusEncoder
-from media.receive import ReceiveStats
-from media.tracks import opus_packet
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
+from media.audio.opus import OpusEncoder
+from media.pipeline.base import ReceiveStats
+from media.rtc.tracks import opus_packet
 from peer.probe import Timeline
 
 FRAME_SECONDS = FRAME_SAMPLES / RTC_RATE

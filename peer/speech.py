@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from media.frames import RTC_RATE
-from media.wav import read_wav, write_wav
+from media.audio.frames import RTC_RATE
+from media.audio.wav import read_wav, write_wav
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",

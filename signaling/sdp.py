@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiortc import sdp as aiortc_sdp
-
+from media.rtc.sdp import SdpView, UnreadableSdp, read_sdp
 from signaling.errors import ApiError
 
 # RFC 7587 section 6.1. A value outside (negative, zero, a typo) is ignored like an unreadable
@@ -59,26 +58,26 @@ def inspect_offer(text: str) -> OfferSummary:
     if not text.lstrip().startswith("v=0"):
         raise malformed("An SDP offer must start with the line 'v=0'.")
     try:
-        description = aiortc_sdp.SessionDescription.parse(text)
-    except Exception as exc:  # the parser raises many types on garbage
-        raise malformed(f"The SDP offer could not be parsed ({type(exc).__name__}).") from exc
+        description = read_sdp(text)
+    except UnreadableSdp as exc:
+        raise malformed(f"The SDP offer could not be parsed ({exc}).") from exc
     audio = [m for m in description.media if m.kind == "audio"]
     if not audio:
         raise ApiError(400, "no_audio", "The offer has no audio m-line; add an audio track.")
     first = audio[0]
-    opus = next((c for c in first.rtp.codecs if c.mimeType.lower() == "audio/opus"), None)
+    opus = next((c for c in first.codecs if c.mime_type.lower() == "audio/opus"), None)
     if opus is None:
         raise ApiError(400, "unsupported_codec", "The offer's audio must include Opus.")
     for media in description.media:
-        if not media.ice.usernameFragment or not media.ice.password:
+        if not media.has_ice_credentials:
             raise malformed("Every m-line needs ICE credentials (a=ice-ufrag and a=ice-pwd).")
-        if not media.dtls or not media.dtls.fingerprints:
+        if not media.has_fingerprint:
             raise malformed("Every m-line needs a DTLS fingerprint (a=fingerprint).")
-        for candidate in media.ice_candidates:
+        for port in media.candidate_ports:
             # aioice sends its checks to the port as given: past 65535 sendto() raises, which
             # asyncio treats as fatal, closing the session's only ICE socket.
-            if not 0 <= candidate.port <= MAX_PORT:
-                raise malformed(f"An a=candidate port must be 0-{MAX_PORT}, not {candidate.port}.")
+            if not 0 <= port <= MAX_PORT:
+                raise malformed(f"An a=candidate port must be 0-{MAX_PORT}, not {port}.")
     _check_groups(description)
     return OfferSummary(
         audio_direction=first.direction or "sendrecv",
@@ -87,17 +86,17 @@ def inspect_offer(text: str) -> OfferSummary:
     )
 
 
-def _check_groups(description: aiortc_sdp.SessionDescription) -> None:
+def _check_groups(description: SdpView) -> None:
     """Every mid an ``a=group`` line names must be an m-line's ``a=mid`` (RFC 5888 section 5).
 
     aiortc answers a BUNDLE group whose tag names no m-line by failing half-way through
     building the answer, and then cannot close the half-built connection either.
     """
-    mids = {media.rtp.muxId for media in description.media if media.rtp.muxId}
-    for group in description.group:
-        missing = next((mid for mid in group.items if str(mid) not in mids), None)
+    mids = {media.mid for media in description.media if media.mid}
+    for semantic, items in description.groups:
+        missing = next((mid for mid in items if mid not in mids), None)
         if missing is not None:
-            raise malformed(f"a=group:{group.semantic} names mid '{missing}', which no m-line has.")
+            raise malformed(f"a=group:{semantic} names mid '{missing}', which no m-line has.")
 
 
 def _opus_parameters(fmtp: dict[str, object]) -> OpusParameters:

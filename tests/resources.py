@@ -10,7 +10,7 @@ import gc
 import threading
 from dataclasses import dataclass
 
-from media.ringbuffer import live_buffers
+from media.audio.ringbuffer import live_buffers
 
 SETTLE_TRIES = 50
 SETTLE_PAUSE_S = 0.1

@@ -11,7 +11,7 @@ import re
 import numpy as np
 from pocketsphinx import Decoder
 
-from media.resample import StreamResampler
+from media.audio.resample import StreamResampler
 
 RECOGNIZER_RATE = 16_000
 

@@ -17,7 +17,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -96,6 +96,27 @@ class OptionSpec:
         return value
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do beyond its kind's protocol, declared instead of probed."""
+
+    # speak: reads text as it arrives, in one model context (``synthesize_pieces``).
+    incremental_text: bool = False
+    # takes a voice clip to speak or convert in (``set_prompt``).
+    voice_prompt: bool = False
+    # runs many sessions' hops as one model call (the tick scheduler drives it).
+    batched: bool = False
+    # speak: the languages it speaks (ISO 639 codes); text in other scripts is refused.
+    languages: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "incremental_text": self.incremental_text,
+            "voice_prompt": self.voice_prompt,
+            "batched": self.batched,
+        }
+
+
 @dataclass
 class Engine(ABC, Generic[StateT]):
     """A model loaded once per process; sessions talk to it only through their own state."""
@@ -110,6 +131,7 @@ class Engine(ABC, Generic[StateT]):
     # True when a call costs a few microseconds, so running it in a worker thread would cost
     # more (the thread handoff) than the work itself. Such engines run on the event loop.
     runs_inline: bool = False
+    capabilities: Capabilities = field(default=Capabilities())
 
     def validate_options(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:
         """Return the complete option set: defaults overlaid with the supplied values."""
@@ -135,6 +157,8 @@ class Engine(ABC, Generic[StateT]):
             "sample_rate": self.sample_rate,
             "hop_size": self.hop_size,
             "delay_ms": self.delay_ms,
+            "capabilities": self.capabilities.describe(),
+            "languages": list(self.capabilities.languages),
             "options": {
                 "type": "object",
                 "additionalProperties": False,
@@ -148,6 +172,16 @@ class Engine(ABC, Generic[StateT]):
 
     def close_state(self, state: StateT) -> None:
         """Release what a state holds outside the Python heap; called once per state."""
+
+    def set_prompt(self, state: StateT, audio: np.ndarray, rate: int, transcript: str) -> None:
+        """Speak (or convert) in the voice of ``audio`` from now on (``voice_prompt`` only).
+
+        Raises ``ValueError`` saying what is wrong with the clip.
+        """
+        raise EngineError(f"engine '{self.name}' takes no voice prompt")
+
+    def close(self) -> None:
+        """Release what the engine holds for the whole process (weights, pools, threads)."""
 
 
 class TransformEngine(Engine[StateT]):
@@ -180,14 +214,11 @@ class SpeakEngine(Engine[StateT]):
     def synthesize(self, state: StateT, text: str, cancel: threading.Event) -> Iterator[np.ndarray]:
         """Yield the audio of ``text`` chunk by chunk until done or cancelled."""
 
-    # True for models that read text as it arrives, in one context (CosyVoice2's bistream):
-    # streamed utterances then go to ``synthesize_pieces`` instead of sentence by sentence.
-    incremental_text: ClassVar[bool] = False
-
     def synthesize_pieces(
         self, state: StateT, pieces: Iterator[str], cancel: threading.Event
     ) -> Iterator[np.ndarray]:
-        """Speak text that is still arriving as one utterance (``incremental_text`` only).
+        """Speak text that is still arriving as one utterance (``incremental_text`` engines:
+        CosyVoice2's bistream reads it in one context; others get one sentence at a time).
 
         ``pieces`` blocks until the next sentence arrives and ends when the text does.
         """

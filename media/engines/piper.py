@@ -35,6 +35,7 @@ import numpy as np
 
 from media.engines.base import (
     BARGE_IN_OPTION,
+    Capabilities,
     EngineKind,
     EngineUnavailable,
     OptionSpec,
@@ -222,6 +223,7 @@ class PiperEngine(SpeakEngine[PiperState]):
             # that takes grows with the sentence (~60 ms for five words, see the module notes).
             delay_ms=0.0,
             description="Piper VITS text to speech (US English), streamed within sentences.",
+            capabilities=Capabilities(languages=("en",)),
             option_specs=(
                 OptionSpec(
                     "voice",

@@ -1,34 +1,55 @@
-"""Adaptations of aiortc internals, each checked against the pinned version it was written for.
+"""Every adaptation of aiortc and aioice internals, each checked against the pinned versions.
 
-aiortc offers no public hook for these. Each adaptation is an explicit ``apply``/``restore``
-pair (never an import-time side effect), and :func:`check_versions` refuses to start on an
-aiortc other than the one they were checked against, so an upgrade is a conscious change.
+Neither library offers public hooks for these. Each adaptation is an explicit function
+(never an import-time side effect) that can be undone, and :func:`check_versions` refuses
+to apply them to a version they were not checked against, so an upgrade is a conscious
+change: re-check each entry below, then move the pins here and in pyproject.toml.
 
-DTLS cipher suites
+DTLS cipher suites (:func:`accept_rsa_dtls_peers`)
     aiortc 1.16.0 offers only ECDHE-ECDSA suites (``RTCCertificate._create_ssl_context``),
     so a peer with an RSA certificate has no suite in common with it: GStreamer's webrtcbin
     (and so ``whipsink``/``simple-whip-client``) fails with "no shared cipher" as the DTLS
-    server (aiortc issues #1392, #1434). :func:`accept_rsa_dtls_peers` sets a list that also
-    holds the ECDHE-RSA AEAD suites. Nothing weaker is added: every suite keeps forward
-    secrecy (ECDHE), the only CBC suites are the two ECDHE-ECDSA ones aiortc already had,
-    and the list stays short, so the ClientHello is not fragmented (aiortc #956: OBS's Mbed
-    TLS cannot reassemble a fragmented one). The suite that decides is the one whose
-    signature matches the DTLS server's certificate, so ECDSA peers (browsers) still
-    negotiate ECDHE-ECDSA-AES128-GCM-SHA256, RFC 8827's mandatory suite, first.
-    Remove when aiortc's own list accepts RSA certificates (pull request #1421 or similar
-    lands): delete this adaptation and raise the pin.
+    server (aiortc issues #1392, #1434). This sets a list that also holds the ECDHE-RSA
+    AEAD suites. Nothing weaker is added: every suite keeps forward secrecy (ECDHE), the
+    only CBC suites are the two ECDHE-ECDSA ones aiortc already had, and the list stays
+    short, so the ClientHello is not fragmented (aiortc #956: OBS's Mbed TLS cannot
+    reassemble a fragmented one). The suite that decides is the one whose signature matches
+    the DTLS server's certificate, so ECDSA peers (browsers) still negotiate
+    ECDHE-ECDSA-AES128-GCM-SHA256, RFC 8827's mandatory suite, first.
+    Remove when aiortc's own list accepts RSA certificates (pull request #1421 or similar).
+
+The receive path (:func:`install_receive_path`)
+    aiortc's audio receiver holds four packets in a fixed jitter buffer, stalls on loss and
+    decodes in a thread with no concealment (``media.rtc.receive`` says what replaces it).
+    The receiver's private ``__jitter_buffer`` attribute is replaced by our path, whose
+    ``add`` has the same signature; the stock decoder thread then stays idle.
+    Remove if aiortc grows a way to take RTP packets from a receiver.
+
+Host candidates (:func:`restrict_host_addresses`, :func:`bind_host_ports`,
+:func:`announce_host_address`)
+    aioice gathers on every address but 127.0.0.1, binds port 0, and signals the bound
+    address. These replace ``aioice.ice.get_host_addresses``, ``Connection.
+    get_component_candidates`` and ``Connection.local_candidates`` with the versions built
+    in ``media.rtc.ice``. Passing ``[]``/None restores aioice's own.
+    Remove if aioice takes the address list, a port range and an announced address as
+    options.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import aioice
+import aioice.ice
 import aiortc
 from aiortc.rtcdtlstransport import RTCCertificate
 from OpenSSL import SSL
 
+from media.rtc import ice
+
 CHECKED_AIORTC_VERSION = "1.16.0"
+CHECKED_AIOICE_VERSION = "0.13.0"
 
 DTLS_CIPHER_SUITES = (
     "ECDHE-ECDSA-AES128-GCM-SHA256",
@@ -41,21 +62,29 @@ DTLS_CIPHER_SUITES = (
     "ECDHE-ECDSA-AES128-SHA",
     "ECDHE-ECDSA-AES256-SHA",
 )
+RECEIVER_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"
 
 _stock_create_ssl_context: Callable[..., SSL.Context] = RTCCertificate._create_ssl_context
+_stock_get_host_addresses = aioice.ice.get_host_addresses
+_stock_get_component_candidates = aioice.ice.Connection.get_component_candidates
+_stock_local_candidates: property = aioice.ice.Connection.local_candidates
 
 
 class UncheckedVersion(RuntimeError):
-    """The installed aiortc is not the one these adaptations were checked against."""
+    """The installed aiortc or aioice is not the one these adaptations were checked against."""
 
 
 def check_versions() -> None:
-    """Refuse to run the adaptations on an aiortc they were not written for."""
-    if aiortc.__version__ != CHECKED_AIORTC_VERSION:
-        raise UncheckedVersion(
-            f"aiortc {aiortc.__version__} is installed; media.rtc.compat was checked against "
-            f"{CHECKED_AIORTC_VERSION}: re-check each adaptation, then update the pin"
-        )
+    """Refuse to run the adaptations on a library version they were not written for."""
+    for library, checked in ((aiortc, CHECKED_AIORTC_VERSION), (aioice, CHECKED_AIOICE_VERSION)):
+        if library.__version__ != checked:
+            raise UncheckedVersion(
+                f"{library.__name__} {library.__version__} is installed; media.rtc.compat was "
+                f"checked against {checked}: re-check each adaptation, then update the pin"
+            )
+
+
+# --- DTLS ----------------------------------------------------------------------------------
 
 
 def accept_rsa_dtls_peers() -> None:
@@ -74,3 +103,48 @@ def accept_rsa_dtls_peers() -> None:
 def restore_dtls_ciphers() -> None:
     """aiortc's own cipher list again."""
     RTCCertificate._create_ssl_context = _stock_create_ssl_context  # type: ignore[method-assign]
+
+
+# --- the receive path ----------------------------------------------------------------------
+
+
+def install_receive_path(receiver: Any, path: Any) -> None:
+    """Route an aiortc ``RTCRtpReceiver``'s audio packets into ``path`` (``add(packet)``)."""
+    check_versions()
+    if not hasattr(receiver, RECEIVER_JITTER_BUFFER):
+        raise UncheckedVersion("this aiortc's receiver has no jitter buffer to replace")
+    setattr(receiver, RECEIVER_JITTER_BUFFER, path)
+
+
+# --- host candidates -----------------------------------------------------------------------
+
+
+def restrict_host_addresses(addresses: Sequence[str]) -> None:
+    """Gather host candidates only on ``addresses`` (empty: aioice's default behaviour)."""
+    if not addresses:
+        aioice.ice.get_host_addresses = _stock_get_host_addresses
+        return
+    check_versions()
+    aioice.ice.get_host_addresses = ice.address_lookup(addresses)
+
+
+def bind_host_ports(port_range: tuple[int, int] | None) -> None:
+    """Bind every host candidate to a UDP port in ``port_range`` (None: any port)."""
+    if port_range is None:
+        aioice.ice.Connection.get_component_candidates = _stock_get_component_candidates
+        return
+    check_versions()
+    low, high = port_range
+    gatherer = ice.gatherer_in_range(low, high, _stock_get_component_candidates)
+    aioice.ice.Connection.get_component_candidates = gatherer  # type: ignore[assignment]
+
+
+def announce_host_address(address: str | None) -> None:
+    """Signal ``address`` instead of the bound one in host candidates of its family (None:
+    the bound address, aioice's way)."""
+    if address is None:
+        aioice.ice.Connection.local_candidates = _stock_local_candidates
+        return
+    check_versions()
+    announced = ice.announced_local_candidates(address, _stock_local_candidates)
+    aioice.ice.Connection.local_candidates = announced  # type: ignore[method-assign]

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from statistics import fmean
 from typing import Any
 
 from aiohttp import web
 
-from media.pipeline import TransformPipeline
 from server.config import Settings
 from server.sessions.manager import SessionManager
 from server.sessions.session import Session
@@ -25,10 +23,6 @@ from server.sessions.session import Session
 def session_summary(session: Session) -> dict[str, Any]:
     """One line of the session list: who, what, how long, and whether audio flows."""
     pipeline = session.pipeline
-    in_to_out = None
-    if isinstance(pipeline, TransformPipeline) and pipeline.latency.recent:
-        # The last second's mean: a list of many sessions cannot afford a median each.
-        in_to_out = round(1000 * fmean(pipeline.latency.recent), 2)
     return {
         "session_id": session.id,
         "engine": session.engine.name,
@@ -36,7 +30,7 @@ def session_summary(session: Session) -> dict[str, Any]:
         "connection_state": session.connection_state,
         "age_s": round(time.time() - session.opened_at, 1),
         "frames_out": pipeline.output.frames_sent,
-        "in_to_out_ms": in_to_out,
+        "in_to_out_ms": pipeline.counters().in_to_out_recent_ms,
     }
 
 

@@ -11,9 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from media.audio.vad import SileroVad, VadUnavailable
 from media.engines.registry import EngineRegistry
-from media.rtc.compat import accept_rsa_dtls_peers
-from media.vad import SileroVad, VadUnavailable
+from media.rtc.compat import (
+    accept_rsa_dtls_peers,
+    announce_host_address,
+    bind_host_ports,
+    restrict_host_addresses,
+)
 from server.config import Settings
 from server.http import observability
 from server.http.errors import json_errors
@@ -24,7 +29,6 @@ from server.http.security import protect
 from server.http.session_routes import SessionRoutes
 from server.http.signaling_routes import SignalingRoutes
 from server.sessions.manager import SessionManager
-from signaling.ice import announce_host_address, bind_host_ports, restrict_host_addresses
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,9 @@
 
 The body is a WAV file (``audio/wav``, PCM 16-bit, any rate, mono or stereo) of 0.5-30 s of
 speech; the ``transcript`` query parameter is what it says (the ``cosyvoice`` speak engine
-needs it, ``cosyvoice-vc`` does not). The engine analyses the clip once, off the event loop,
-and the session speaks (or converts) in that voice from its next utterance on.
+needs it, ``cosyvoice-vc`` does not). The engine analyses the clip once, among the session's
+own engine calls (never beside one of them, on the same state), and the session speaks (or
+converts) in that voice from its next utterance on.
 
     curl -X POST -H 'Content-Type: audio/wav' --data-binary @me.wav \\
          "http://127.0.0.1:8080/sessions/$SESSION/prompt?transcript=Hello%20there"
@@ -12,7 +13,6 @@ and the session speaks (or converts) in that voice from its next utterance on.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import wave
 
@@ -61,16 +61,14 @@ class PromptRoutes:
     async def set_prompt(self, request: web.Request) -> web.Response:
         session = self._sessions.get(request.match_info["session_id"])
         engine = session.engine
-        if not hasattr(engine, "set_prompt"):
+        if not engine.capabilities.voice_prompt:
             raise ApiError(
                 400, "no_voice_prompt", f"Engine '{engine.name}' does not take a voice prompt."
             )
         audio, rate = decode_wav(await _read_body(request))
         transcript = request.query.get("transcript", "")
-        state = session.pipeline.state
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, engine.set_prompt, state, audio, rate, transcript)
+            await session.pipeline.set_voice_prompt(audio, rate, transcript)
         except ValueError as exc:  # PromptError: too short, too long, no transcript
             raise ApiError(400, "invalid_prompt", str(exc)) from exc
         return web.json_response({"seconds": round(len(audio) / rate, 2)})

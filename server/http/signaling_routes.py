@@ -13,10 +13,10 @@ from typing import Any, Protocol
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from media.rtc.candidates import without_unreachable_candidates
 from server.http.auth import is_authorized
 from server.http.bodies import read_body
 from server.http.cors import ALLOWED_HEADERS, PREFLIGHT_MAX_AGE_SECONDS
-from signaling.candidates import without_unreachable_candidates
 from signaling.errors import ApiError
 from signaling.ice import IceServer
 from signaling.offers import (

@@ -2,7 +2,7 @@
 
 The media path never touches a metrics library. Sessions already count what happens to
 their audio (receive stats, pipeline stats, pacer underruns) and keep cheap cumulative
-histograms (``media.stages``); :class:`SessionCollector` adds those up per engine when the
+histograms (``media.pipeline.stages``); :class:`SessionCollector` adds those up per engine when the
 metrics are read, and once a second otherwise. A session that closes is removed from the
 session manager, so the collector keeps every session it has seen until it notices the
 close, then folds its final counts into per-engine totals: counters never go backwards.
@@ -22,9 +22,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.pipeline import TransformPipeline
-from media.stages import DurationHistogram
+from media.audio.frames import FRAME_SAMPLES
+from media.pipeline.stages import DurationHistogram
 from server.sessions.manager import SessionManager
 from server.sessions.session import Session
 
@@ -68,30 +67,18 @@ def session_counters(session: Session) -> dict[str, float]:
         "packets_duplicate": receive.duplicates,
         "frames_sent": output.frames_sent,
         "frames_silence": output.silence_sent,
-        "underruns": output.pacer.underruns,
-        "backlog_dropped_seconds": output.pacer.backlog_dropped / RTC_RATE,
+        "underruns": pipeline.underruns,
+        "backlog_dropped_seconds": pipeline.backlog_dropped_seconds,
         "resumes": session.resumes,
     }
-    if isinstance(pipeline, TransformPipeline):
-        stats = pipeline.stats
-        counts.update(frames_dropped=stats.input_dropped, engine_errors=stats.engine_errors)
-    else:
-        counts.update(frames_dropped=0, engine_errors=pipeline.stats.synthesis_errors)
+    counters = pipeline.counters()
+    counts.update(frames_dropped=counters.input_dropped, engine_errors=counters.engine_errors)
     return counts
 
 
 def session_histograms(session: Session) -> dict[str, DurationHistogram]:
     """The session's cumulative histograms, under the names of ``SESSION_HISTOGRAMS``."""
-    pipeline = session.pipeline
-    if isinstance(pipeline, TransformPipeline):
-        stages = pipeline.stages
-        return {"engine_call_seconds": stages.engine_calls, "in_to_out_seconds": stages.in_to_out}
-    speak = pipeline.stages
-    return {
-        "engine_call_seconds": speak.synthesis,
-        "tts_first_audio_seconds": speak.first_audio,
-        "tts_interrupt_to_silence_seconds": speak.interrupt_to_silence,
-    }
+    return session.pipeline.histograms()
 
 
 @dataclass
@@ -217,8 +204,8 @@ class _Snapshot:
             key = (engine, session.engine.kind.value)
             self.live[key] = self.live.get(key, 0) + 1
         pipeline = session.pipeline
-        if isinstance(pipeline, TransformPipeline):
-            queued = pipeline.stages.queued
+        queued = pipeline.counters().input_queued
+        if queued is not None:
             self.input_queued[engine] = self.input_queued.get(engine, 0) + queued
         frames = pipeline.output.buffer.available / FRAME_SAMPLES
         self.output_queued[engine] = self.output_queued.get(engine, 0.0) + frames

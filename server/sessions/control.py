@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from media.speak import SpeechQueueFull
+from media.pipeline.speak import SpeechQueueFull
 
 MAX_MESSAGE_BYTES = 16 * 1024
 MAX_TEXT_CHARS = 4000

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from media.queues import DropOldestQueue
+from media.audio.queues import DropOldestQueue
 
 log = logging.getLogger(__name__)
 

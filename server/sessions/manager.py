@@ -22,8 +22,8 @@ from collections.abc import Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
-from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
-
+from media.audio.opus import Application, OpusEncoder
+from media.audio.vad import SileroVad
 from media.engines.base import (
     Engine,
     EngineUnavailable,
@@ -32,23 +32,20 @@ from media.engines.base import (
     TransformEngine,
 )
 from media.engines.registry import EngineRegistry, UnknownEngine
-from media.events import ENGINE_FAILURES, Event, EventSink
-from media.opus import Application, OpusEncoder
-from media.pipeline import TransformPipeline
-from media.speak import SpeakPipeline
-from media.vad import SileroVad
+from media.pipeline.events import ENGINE_FAILURES, Event, EventSink
+from media.pipeline.factory import create_pipeline
+from media.rtc.connection import OfferRejected, RtcConnection, UnknownMid
+from media.rtc.ice import NoMediaPorts
 from server.config import Settings
-from server.remote_candidates import add_remote_candidates, ice_session_of
 from server.sessions import refusals
 from server.sessions.breaker import Breakers
 from server.sessions.channel_limits import ChannelLimits
 from server.sessions.events import EventHub
 from server.sessions.session import Session
 from signaling.errors import ApiError
-from signaling.ice import rtc_configuration
 from signaling.offers import CodecRequest, OfferAnswer, OfferRequest, ResumeRequest
 from signaling.sdp import OpusParameters
-from signaling.trickle import IceSession, TrickleFragment
+from signaling.trickle import IceCredentials, IceSession, TrickleFragment
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +70,6 @@ def opus_encoder_for(offer: OpusParameters, codec: CodecRequest) -> OpusEncoder:
         fec=offer.inband_fec,
         expected_loss_percent=FEC_EXPECTED_LOSS_PERCENT,
     )
-
-
-def prefer_opus(pc: RTCPeerConnection) -> None:
-    """Answer with Opus only: the receive path decodes Opus and nothing else."""
-    capabilities = RTCRtpSender.getCapabilities("audio")
-    opus = [c for c in capabilities.codecs if c.mimeType.lower() == "audio/opus"]
-    for transceiver in pc.getTransceivers():
-        if transceiver.kind == "audio":
-            transceiver.setCodecPreferences(opus)
 
 
 def new_session_id(prefix: str = "") -> str:
@@ -204,16 +192,9 @@ class SessionManager:
         encoder = opus_encoder_for(request.summary.opus, request.codec)
         events = EventHub()
         emit = self._event_sink(engine.name, events)
-        pipeline: TransformPipeline | SpeakPipeline
-        if isinstance(engine, SpeakEngine):
-            pipeline = await SpeakPipeline.create(
-                engine, options, self._executor, encoder, emit, session_id, self._vad
-            )
-        else:
-            assert isinstance(engine, TransformEngine)
-            pipeline = await TransformPipeline.create(
-                engine, options, self._executor, encoder, session_id, emit
-            )
+        pipeline = await create_pipeline(
+            engine, options, self._executor, encoder, emit, session_id, self._vad
+        )
         limits = ChannelLimits(self._settings.dc_max_message_bytes, self._settings.dc_max_messages)
         session = Session(
             session_id,
@@ -252,37 +233,32 @@ class SessionManager:
         return publish
 
     async def _connect(self, session: Session, request: OfferRequest) -> str:
-        """Give ``session`` a new peer connection for ``request``'s offer; return the answer."""
-        pc = RTCPeerConnection(rtc_configuration(self._settings.ice_servers))
-        pc.on("datachannel", session.use_channel)
+        """Give ``session`` a new connection for ``request``'s offer; return the answer."""
 
-        @pc.on("connectionstatechange")
-        def on_state() -> None:
-            if session.pc is not pc:
+        def on_state(connection: RtcConnection, state: str) -> None:
+            if session.connection is not connection:
                 return  # a connection the session has already left
-            log.info("session %s: connection %s", session.id, pc.connectionState)
-            if pc.connectionState == "connected":
+            log.info("session %s: connection %s", session.id, state)
+            if state == "connected":
                 self._connected(session)
-            elif pc.connectionState == "failed":
+            elif state == "failed":
                 self._spawn(self._lose_connection(session, "the connection failed"))
-            elif pc.connectionState == "closed":
+            elif state == "closed":
                 self._close_soon(session.id, "connection_closed")
 
+        connection = RtcConnection(self._settings.ice_servers, on_state, session.use_channel)
         try:
-            await pc.setRemoteDescription(RTCSessionDescription(request.sdp, "offer"))
-            prefer_opus(pc)
-            audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
-            track = session.pipeline.attach(audio.receiver)
-            if request.summary.receives_audio:
-                pc.addTrack(track)
-            await pc.setLocalDescription(await pc.createAnswer())
-        except Exception as exc:
-            await pc.close()
-            if isinstance(exc, ApiError):
-                raise  # already says what went wrong (no free media port, ...)
+            answer = await connection.answer(
+                request.sdp, session.pipeline, send_audio=request.summary.receives_audio
+            )
+        except NoMediaPorts as exc:
+            raise refusals.unavailable(
+                "no_media_ports", str(exc), retry_after=exc.retry_after_s
+            ) from exc
+        except OfferRejected as exc:
             raise ApiError(400, "sdp_rejected", f"The offer was rejected: {exc}") from exc
-        session.pc = pc
-        return pc.localDescription.sdp
+        session.connection = connection
+        return answer
 
     def _connected(self, session: Session) -> None:
         session.connected.set()
@@ -313,7 +289,7 @@ class SessionManager:
                 f"Session runs engine '{session.engine.name}', not '{request.engine}'.",
             )
         self._require_input(session.engine, request)
-        if session.pc is not None:
+        if session.connection is not None:
             await self._detach(session, "a new connection resumes it")
         answer = await self._connect(session, request)
         session.resume_token = secrets.token_urlsafe(RESUME_TOKEN_BYTES)  # one use each
@@ -331,10 +307,11 @@ class SessionManager:
             await self._close_if_open(session.id, "connection_lost")
 
     async def _detach(self, session: Session, why: str) -> None:
-        pc = session.pc
-        if pc is None:
+        connection = session.connection
+        if connection is None:
             return
-        session.pc = None
+        session.connection = None
+        session.pipeline.detach()
         session.connected.clear()
         session.drop_channel()
         if session.detached_at is None:
@@ -343,7 +320,7 @@ class SessionManager:
             session.grace = asyncio.create_task(self._reclaim_after_grace(session))
             session.events.publish({"type": "detached", "reason": why, "resume_within_s": grace})
             log.info("session %s: detached (%s), resumable for %.0f s", session.id, why, grace)
-        await pc.close()
+        await connection.close()
 
     async def _reclaim_after_grace(self, session: Session) -> None:
         await asyncio.sleep(self._settings.resume_grace)
@@ -382,10 +359,10 @@ class SessionManager:
         quiet_since = loop.time()
         while True:
             await asyncio.sleep(timeout / MEDIA_CHECKS_PER_TIMEOUT)
-            if session.pc is None or not session.connected.is_set():
+            if session.connection is None or not session.connected.is_set():
                 seen = None
                 continue
-            now = (session.pc, session.pipeline.receive_stats.packets)
+            now = (session.connection, session.pipeline.receive_stats.packets)
             if now != seen:
                 seen, quiet_since = now, loop.time()
             elif loop.time() - quiet_since >= timeout:
@@ -423,9 +400,9 @@ class SessionManager:
                 task.cancel()
         await session.pipeline.close()
         session.events.close()
-        if session.pc is not None:
-            pc, session.pc = session.pc, None
-            await pc.close()
+        if session.connection is not None:
+            connection, session.connection = session.connection, None
+            await connection.close()
         session.closed.set()
         log.info("session %s: closed", session_id)
 
@@ -455,20 +432,32 @@ class SessionManager:
 
     # --- trickle ICE -------------------------------------------------------------------
 
-    def _attached_pc(self, session_id: str) -> RTCPeerConnection:
-        pc = self.get(session_id).pc
-        if pc is None:
+    def _attached(self, session_id: str) -> RtcConnection:
+        connection = self.get(session_id).connection
+        if connection is None:
             raise ApiError(
                 409,
                 "session_detached",
                 "The session has no connection now; resume it with a new offer.",
             )
-        return pc
+        return connection
 
     def ice_session(self, session_id: str) -> IceSession:
         """What a trickle PATCH is checked against: the answer and the client's credentials."""
-        return ice_session_of(self._attached_pc(session_id))
+        connection = self._attached(session_id)
+        return IceSession(connection.answer_sdp, IceCredentials(*connection.remote_credentials()))
 
     async def add_remote_candidates(self, session_id: str, fragment: TrickleFragment) -> None:
         """Give the session's connection the candidates its client trickled."""
-        await add_remote_candidates(self._attached_pc(session_id), fragment)
+        candidates = [(c.mid, c.candidate) for c in fragment.candidates]
+        try:
+            await self._attached(session_id).add_remote_candidates(
+                candidates, fragment.end_of_candidates
+            )
+        except UnknownMid as exc:
+            raise ApiError(
+                400,
+                "unknown_mid",
+                f"The offer has no m= section with mid {exc.mid!r} "
+                f"(it has {', '.join(exc.known) or 'none'}).",
+            ) from exc

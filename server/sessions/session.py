@@ -6,14 +6,13 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from aiortc import RTCDataChannel, RTCPeerConnection
+from typing import Any, Protocol
 
 from media.engines.base import Engine
-from media.pipeline import TransformPipeline
-from media.speak import SpeakPipeline
+from media.pipeline.base import Pipeline, TextInput
+from media.rtc.connection import RtcConnection
 from server.sessions.channel_limits import ChannelLimits
 from server.sessions.control import ControlError, apply, decode, parse
 from server.sessions.events import EventHub
@@ -24,6 +23,15 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL_SECONDS = 1.0
 
 
+class MessageChannel(Protocol):
+    """The client's message channel on a connection (a WebRTC data channel)."""
+
+    readyState: str
+
+    def send(self, data: str) -> None: ...
+    def on(self, event: str, handler: Callable[..., Any]) -> Any: ...
+
+
 @dataclass(eq=False)
 class Session:
     """Outlives its peer connection: a detached session keeps its engine state, queues and
@@ -31,11 +39,11 @@ class Session:
 
     id: str
     engine: Engine[Any]
-    pipeline: TransformPipeline | SpeakPipeline
+    pipeline: Pipeline
     events: EventHub
     resume_token: str
-    pc: RTCPeerConnection | None = None
-    channel: RTCDataChannel | None = None
+    connection: RtcConnection | None = None
+    channel: MessageChannel | None = None
     receives_caller_audio: bool = True
     detached_at: float | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # lifecycle tasks
@@ -48,17 +56,18 @@ class Session:
     limits: ChannelLimits = field(kw_only=True)
 
     @property
-    def speaker(self) -> SpeakPipeline:
-        """The speak pipeline, or the error a client gets for asking a transform to speak."""
-        if not isinstance(self.pipeline, SpeakPipeline):
+    def speaker(self) -> TextInput:
+        """Where text goes, or the error a client gets for asking a transform to speak."""
+        text_input = self.pipeline.text_input
+        if text_input is None:
             raise ControlError(
                 "not_a_speak_session",
                 f"Engine '{self.engine.name}' transforms audio; open a session with a speak "
                 "engine to send text.",
             )
-        return self.pipeline
+        return text_input
 
-    def use_channel(self, channel: RTCDataChannel) -> None:
+    def use_channel(self, channel: MessageChannel) -> None:
         """Adopt the first data channel the client opens on this connection."""
         if self.channel is not None:
             return
@@ -67,7 +76,7 @@ class Session:
         channel.on("close", lambda: self.drop_channel(channel))
         self.events.attach_channel(self._send)
 
-    def drop_channel(self, channel: RTCDataChannel | None = None) -> None:
+    def drop_channel(self, channel: MessageChannel | None = None) -> None:
         """Stop using the data channel (``channel``: only if it is still the one in use)."""
         if channel is None or channel is self.channel:
             self.channel = None
@@ -75,7 +84,7 @@ class Session:
 
     @property
     def connection_state(self) -> str:
-        return "detached" if self.pc is None else self.pc.connectionState
+        return "detached" if self.connection is None else self.connection.state
 
     def _send(self, text: str) -> None:
         if self.channel is not None and self.channel.readyState == "open":
@@ -103,35 +112,18 @@ class Session:
     def stats_event(self) -> dict[str, Any]:
         """The ``stats`` event: what the page charts, about once a second."""
         receive = self.pipeline.receive_stats
-        pacer = self.pipeline.output.pacer
-        event: dict[str, Any] = {
+        return {
             "type": "stats",
             "engine_delay_ms": self.engine.delay_ms,
             "frames_out": self.pipeline.output.frames_sent,
-            "underruns": pacer.underruns,
+            "underruns": self.pipeline.underruns,
             "packets_in": receive.packets,
             "concealed": receive.concealed,
             "late_dropped": receive.late_dropped,
             "jitter_ms": receive.jitter_ms,
-            "stages_ms": self.pipeline.stages.window.summary_ms(),
+            "stages_ms": self.pipeline.stage_summary_ms(),
+            **self.pipeline.stats_fields(),
         }
-        if isinstance(self.pipeline, TransformPipeline):
-            stats = self.pipeline.stats
-            event.update(
-                self.pipeline.latency.summary_ms(),
-                frames_in=stats.frames_in,
-                input_dropped=stats.input_dropped,
-                backlog_dropped_ms=stats.backlog_dropped_ms,
-                engine_errors=stats.engine_errors,
-            )
-        else:
-            first_audio = self.pipeline.stats.first_audio_ms
-            event.update(
-                in_to_out_ms=None,
-                frames_in=receive.frames,
-                first_audio_ms=first_audio[-1] if first_audio else None,
-            )
-        return event
 
     async def report_stats(self) -> None:
         """Publish ``stats`` once a second for as long as the session lives."""
@@ -140,19 +132,14 @@ class Session:
             self.events.publish(self.stats_event())
 
     def describe(self) -> dict[str, Any]:
-        stats = self.pipeline.receive_stats
-        described: dict[str, Any] = {
+        return {
             "session_id": self.id,
             "engine": self.engine.name,
             "kind": self.engine.kind.value,
             "connection_state": self.connection_state,
             "resumes": self.resumes,
             "frames_out": self.pipeline.output.frames_sent,
-            "receive": vars(stats),
+            "receive": vars(self.pipeline.receive_stats),
             "stats": self.stats_event(),
+            **self.pipeline.describe(),
         }
-        if isinstance(self.pipeline, TransformPipeline):
-            described["pipeline"] = vars(self.pipeline.stats)
-        else:
-            described["speak"] = self.pipeline.stats.describe()
-        return described

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
+from media.audio.frames import RTC_RATE
+from media.audio.wav import write_wav
 from media.engines.registry import EngineRegistry
-from media.frames import RTC_RATE
-from media.wav import write_wav
 from peer.speech import espeak
 from tests.conftest import RunningServer, running_server
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from playwright.async_api import Page, Route, expect
 
+from media.audio.queues import DropOldestQueue
 from media.engines.registry import EngineRegistry
-from media.queues import DropOldestQueue
 from server.sessions.events import Event
 from server.sessions.session import Session
 from tests.browser.test_page import (

@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.engines.cosyvoice.prompts import text_ids
 from media.engines.registry import EngineRegistry
-from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.speak import SpeakPipeline
+from media.pipeline.speak import SpeakPipeline
 from peer.call import PeerCall
 from peer.speech import espeak
-from server.http import prompt_routes
 from server.http.app import SERVER_KEY, create_app
 from tests.conftest import LOOPBACK, loopback_settings, running_server
 from tests.cosyvoice.conftest import SENTENCE
@@ -102,7 +101,7 @@ async def test_voice_conversion_returns_each_phrase_after_it_ends(
         await asyncio.sleep(0.5)
         received = call.received()
         ended_at = call.source.timeline.time_of(phrase_end)
-        engine_state = server.server.sessions.get(call.session_id).pipeline._state
+        engine_state = server.server.sessions.get(call.session_id).pipeline.state
         conversions = list(engine_state.finished)
     loud = loud_frames(received)
     assert len(loud), "nothing came back"
@@ -132,7 +131,6 @@ async def test_a_prompt_clip_uploaded_over_http_clones_the_session_voice(
         writer.setframerate(16_000)
         writer.writeframes((np.clip(clip, -1, 1) * 32767).astype("<i2").tobytes())
     app = create_app(loopback_settings(), cosyvoice_registry)
-    prompt_routes.register(app, app[SERVER_KEY].sessions)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, LOOPBACK, 0)
@@ -152,7 +150,7 @@ async def test_a_prompt_clip_uploaded_over_http_clones_the_session_voice(
             async with http.post(route, data=b"not a wav", headers=headers) as r:
                 assert r.status == 400
                 assert (await r.json())["error"] == "invalid_audio"
-            state = app[SERVER_KEY].sessions.get(call.session_id).pipeline._state
+            state = app[SERVER_KEY].sessions.get(call.session_id).pipeline.state
             assert state.speaker == "prompt" and state.prompt.flow.length > 0
             await call.send({"type": "speak", "text": SENTENCE, "id": "cloned"})
             finished = await call.wait_for("speech_finished", 30, id="cloned")

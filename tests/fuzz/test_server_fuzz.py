@@ -29,11 +29,11 @@ from aiortc import RTCPeerConnection
 from hypothesis import given
 from hypothesis import strategies as st
 
+from media.audio.frames import RTC_RATE
+from media.audio.ringbuffer import live_buffers
 from media.engines.registry import EngineRegistry
-from media.frames import RTC_RATE
-from media.pipeline import TransformPipeline
-from media.ringbuffer import live_buffers
-from media.speak import SpeakPipeline
+from media.pipeline.speak import SpeakPipeline
+from media.pipeline.transform import TransformPipeline
 from peer.call import PeerCall
 from server.sessions.session import Session
 from tests.fuzz import cases, expect, http_cases

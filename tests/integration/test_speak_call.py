@@ -10,8 +10,9 @@ from collections.abc import Callable
 import aiohttp
 import numpy as np
 
-from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.speak import MAX_QUEUED_UTTERANCES, SpeakPipeline
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
+from media.pipeline.speak import SpeakPipeline
+from media.pipeline.speak.utterances import MAX_QUEUED_UTTERANCES
 from peer.call import PeerCall
 from peer.speech import espeak
 from tests.conftest import RunningServer

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from media.frames import FRAME_SAMPLES, RTC_RATE
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from peer.cli import CallResult, PeerOptions, call
 from peer.probe import align
 from peer.speech import SpeechFixture
@@ -127,7 +127,7 @@ async def test_session_that_never_connects_is_closed_after_ice_timeout(registry,
     """An offer whose peer never runs ICE must not hold a session slot forever."""
     from aiortc import RTCPeerConnection
 
-    from signaling.ice import rtc_configuration
+    from media.rtc.ice import rtc_configuration
     from tests.conftest import running_server
 
     async with running_server(registry, ice_timeout=1.0) as running:

@@ -16,8 +16,8 @@ import aiohttp
 import numpy as np
 import pytest
 
+from media.audio.wav import write_wav
 from media.engines.registry import EngineRegistry
-from media.wav import write_wav
 from tests.browser.test_page import CHROMIUM, chromium
 from tests.conftest import running_server
 from tests.interop.signals import RATE, stepped_tone, tone_match

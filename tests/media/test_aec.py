@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from media.aec import BLOCK, EchoCanceller
-from media.vad import SileroVad, SpeechDetector, SpeechEventKind
+from media.audio.aec import BLOCK, EchoCanceller
+from media.audio.vad import SileroVad, SpeechDetector, SpeechEventKind
 from peer.speech import espeak
 
 RATE = 48_000

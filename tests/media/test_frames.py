@@ -8,7 +8,7 @@ import av
 import numpy as np
 import pytest
 
-from media.frames import FRAME_SAMPLES, RTC_RATE, TIME_BASE, frame_to_mono, mono_to_frame
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE, TIME_BASE, frame_to_mono, mono_to_frame
 
 STEP = 1 / 32768
 

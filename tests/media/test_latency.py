@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from media.latency import InToOutMeter
+from media.pipeline.latency import InToOutMeter
 
 FRAME = 960
 

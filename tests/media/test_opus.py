@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from media.opus import (
+from media.audio.opus import (
     MAX_FRAME_SAMPLES,
     Application,
     OpusDecoder,

@@ -31,10 +31,10 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from media import pacing
-from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.pacing import FRAME_SECONDS, FramePacer
-from media.ringbuffer import RingBuffer
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
+from media.audio.ringbuffer import RingBuffer
+from media.pipeline import pacing
+from media.pipeline.pacing import FRAME_SECONDS, FramePacer
 
 T = TypeVar("T")
 

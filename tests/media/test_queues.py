@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import pytest
 
-from media.queues import DropOldestQueue
+from media.audio.queues import DropOldestQueue
 
 T = TypeVar("T")
 

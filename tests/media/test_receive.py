@@ -21,8 +21,9 @@ import pytest
 from aiortc import RTCPeerConnection, RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 
-from media.opus import Application, OpusDecoder, OpusEncoder, OpusError, packet_has_fec
-from media.receive import (
+from media.audio.opus import Application, OpusDecoder, OpusEncoder, OpusError, packet_has_fec
+from media.rtc.compat import install_receive_path as install
+from media.rtc.receive import (
     MAX_CONCEALED_FRAMES,
     MAX_MARGIN_S,
     MAX_MISORDER,
@@ -30,7 +31,6 @@ from media.receive import (
     SEQ_MOD,
     TS_MOD,
     AudioReceivePath,
-    install,
 )
 
 RATE = 48_000

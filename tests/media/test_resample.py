@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from media.resample import StreamResampler
+from media.audio.resample import StreamResampler
 
 TONE_HZ = 440.0
 AMPLITUDE = 0.5

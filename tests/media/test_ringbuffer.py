@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from media.ringbuffer import RingBuffer, live_buffers
+from media.audio.ringbuffer import RingBuffer, live_buffers
 
 
 def ramp(start: int, n: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from media.engines.registry import EngineRegistry
-from media.stages import (
+from media.pipeline.stages import (
     SPEAK_STAGES,
     TRANSFORM_STAGES,
     DurationHistogram,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from media.text import FIRST_CLAUSE_MIN_WORDS, SentenceSplitter
+from media.audio.text import FIRST_CLAUSE_MIN_WORDS, SentenceSplitter
 
 
 def _split(text: str) -> list[str]:

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from media.vad import (
+from media.audio.vad import (
     START_MS,
     STOP_MS,
     WINDOW_MS,

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from media.audio.frames import FRAME_MS, FRAME_SAMPLES
 from media.engines.registry import EngineRegistry
-from media.frames import FRAME_MS, FRAME_SAMPLES
-from media.receive import MAX_CONCEALED_FRAMES, MAX_MARGIN_S
+from media.rtc.receive import MAX_CONCEALED_FRAMES, MAX_MARGIN_S
 from peer.call import PeerCall
 from peer.probe import ChirpInserter, detect_markers, marker_rtts, summarize
 from peer.speech import SENTENCES, speech_with_pauses
@@ -151,7 +151,7 @@ async def test_call_under_loss_and_jitter_stays_continuous_and_fast(
 ):
     """5 % loss and 0-30 ms jitter each way: losses are concealed and RTT stays low.
 
-    Guards the receive path (media/receive.py) on a bad link: a lost packet must be
+    Guards the receive path (media/rtc/receive.py) on a bad link: a lost packet must be
     concealed after a bounded wait, never stalled on (aiortc's own jitter buffer waits for
     sixteen more packets, a 320 ms hole), and reordering may raise the wait only as far as
     the lateness seen, so RTT stays near the clean-link figure plus the jitter.

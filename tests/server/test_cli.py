@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from media.frames import RTC_RATE
-from media.wav import write_wav
+from media.audio.frames import RTC_RATE
+from media.audio.wav import write_wav
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"

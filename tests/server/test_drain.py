@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from bench.common import free_port, spawned_server
+from media.audio.frames import RTC_RATE
 from media.engines.registry import EngineRegistry
-from media.frames import RTC_RATE
+from media.rtc.compat import restrict_host_addresses
 from peer.call import PeerCall
 from signaling.client import SignalingError
-from signaling.ice import restrict_host_addresses
 from tests.conftest import LOOPBACK, running_server
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from media.audio.frames import RTC_RATE
 from media.engines.base import TransformEngine
 from media.engines.registry import EngineRegistry
-from media.frames import RTC_RATE
 from peer.call import PeerCall
 from server.sessions.breaker import CircuitBreaker
 from signaling.client import SignalingError
@@ -116,7 +116,7 @@ async def test_repeated_failures_open_the_breaker_until_the_cooldown(registry: E
         await asyncio.sleep(breaker.retry_after + 0.05)
         async with PeerCall(running.url, noise(1, 3), engine="echo") as again:
             assert again.session_id is not None
-        assert session.pc is not None  # the failing session itself went on
+        assert session.connection is not None  # the failing session itself went on
 
 
 def test_breaker_counts_failures_within_its_window():

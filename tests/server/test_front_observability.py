@@ -9,8 +9,8 @@ import aiohttp
 import numpy as np
 import pytest
 
+from media.rtc.compat import restrict_host_addresses
 from peer.call import PeerCall
-from signaling.ice import restrict_host_addresses
 from tests.server.test_metrics import parse, value
 from tests.server.test_workers import two_workers
 

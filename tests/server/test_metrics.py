@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from media.engines.registry import EngineRegistry
-from media.receive import ReceiveStats
+from media.pipeline.base import PipelineCounters, ReceiveStats
 from peer.call import PeerCall
 from server.ops.metrics_merge import merge_expositions
 from server.ops.session_metrics import SESSION_COUNTERS, _Tracked
@@ -104,13 +104,14 @@ async def test_metrics_count_sessions_frames_and_refusals_and_never_go_backwards
 
 def fake_session(receive: ReceiveStats) -> Any:
     """Just what ``session_counters`` reads of a speak session."""
-    output = SimpleNamespace(
-        frames_sent=0,
-        silence_sent=0,
-        pacer=SimpleNamespace(underruns=0, backlog_dropped=0),
-    )
+    output = SimpleNamespace(frames_sent=0, silence_sent=0)
+    counters = PipelineCounters(0, 0, None, None)
     pipeline = SimpleNamespace(
-        receive_stats=receive, output=output, stats=SimpleNamespace(synthesis_errors=0)
+        receive_stats=receive,
+        output=output,
+        underruns=0,
+        backlog_dropped_seconds=0.0,
+        counters=lambda: counters,
     )
     return SimpleNamespace(pipeline=pipeline, resumes=0)
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
+from media.audio.resample import StreamResampler
 from media.engines.base import SpeakEngine
 from media.engines.registry import EngineRegistry
-from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.resample import StreamResampler
 from peer.call import PeerCall
 from signaling.client import SignalingError
 from tests.conftest import running_server
@@ -70,7 +70,7 @@ async def test_transform_session_resumes_with_its_state(registry: EngineRegistry
                 await asyncio.sleep(1.0)
 
                 relay.blackout()  # the caller's network is gone, without a word
-                await wait_until(lambda: session.pc is None, 5, "detached")
+                await wait_until(lambda: session.connection is None, 5, "detached")
                 frames_at_detach = pipeline.stats.frames_in
                 assert frames_at_detach > 30
                 assert running.server.sessions.get(session.id) is session  # kept for resume
@@ -131,7 +131,7 @@ async def test_speech_continues_where_it_stopped(registry: EngineRegistry):
                 await first.wait_for("speech_started", timeout=15, id="long")
                 await asyncio.sleep(2.5)
                 relay.blackout()
-                await wait_until(lambda: session.pc is None, 5, "detached")
+                await wait_until(lambda: session.connection is None, 5, "detached")
                 heard_first = voiced_frames(first.received())
 
                 await asyncio.sleep(0.5)  # time passes; the speech must not
@@ -170,7 +170,7 @@ async def test_resume_refusals_are_specific(registry: EngineRegistry):
                     pass
             assert (refused.value.status, refused.value.code) == (status, code)
         session = running.server.sessions.get(call.session_id or "")
-        assert session.pc is not None and session.resumes == 0  # refusals touch nothing
+        assert session.connection is not None and session.resumes == 0  # refusals touch nothing
 
 
 async def test_a_session_not_resumed_in_time_is_reclaimed(registry: EngineRegistry):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from media.engines.base import Capabilities
 from media.engines.registry import EngineRegistry
 from peer.call import PeerCall
 from peer.cli import PeerOptions, build_parser
@@ -340,7 +341,8 @@ def echo_takes_prompts(registry: EngineRegistry) -> Iterator[list[tuple[int, int
 
     engine = registry.get("echo")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine, "set_prompt", set_prompt, raising=False)
+        patch.setattr(engine, "set_prompt", set_prompt)
+        patch.setattr(engine, "capabilities", Capabilities(voice_prompt=True))
         yield received
 
 

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from bench.common import spawned_server
-from signaling.ice import restrict_host_addresses
+from media.rtc.compat import restrict_host_addresses
 from tests.server.test_cli import (
     LOOPBACK,
     ROOT,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bench.common import free_port, spawned_server
+from media.rtc.compat import restrict_host_addresses
 from peer.call import PeerCall
-from signaling.ice import restrict_host_addresses
 
 
 @contextlib.contextmanager

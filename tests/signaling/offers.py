@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from signaling.ice import rtc_configuration
+from media.rtc.ice import rtc_configuration
 
 LOOPBACK = "127.0.0.1"
 

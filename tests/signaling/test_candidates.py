@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from signaling.candidates import (
+from media.rtc.candidates import (
     reachable_address,
     reachable_candidate,
     without_unreachable_candidates,

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from bench.common import free_port, spawned_server
+from media.audio.frames import RTC_RATE
 from media.engines.registry import EngineRegistry
-from media.frames import RTC_RATE
+from media.rtc.compat import announce_host_address, bind_host_ports, restrict_host_addresses
 from peer.call import PeerCall
 from peer.speech import SpeechFixture
-from signaling.ice import announce_host_address, bind_host_ports, restrict_host_addresses
 from tests.conftest import LOOPBACK, running_server
 from tests.signaling.nat import OneToOneNat
 from tests.signaling.offers import new_offer, without_prefix

@@ -12,8 +12,9 @@ import aiohttp
 import pytest
 
 from media.engines.registry import EngineRegistry
-from server.sessions import manager as session_module
-from signaling.ice import IceServer, rtc_configuration
+from media.rtc import connection as connection_module
+from media.rtc.ice import rtc_configuration
+from signaling.ice import IceServer
 from tests.conftest import RunningServer, running_server
 from tests.signaling.offers import LivePeer, audio_direction, new_offer
 
@@ -188,7 +189,7 @@ async def test_ice_servers_are_advertised_as_link_headers(
         asked.append(tuple(servers))
         return rtc_configuration([])
 
-    monkeypatch.setattr(session_module, "rtc_configuration", local_only)
+    monkeypatch.setattr(connection_module, "rtc_configuration", local_only)
     async with running_server(registry, ice_servers=ICE_SERVERS) as running:
         async with http.options(running.url + "whip") as response:
             assert_preflight(response)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from aiortc import RTCSessionDescription
 
+from media.audio.frames import RTC_RATE
 from media.engines.registry import EngineRegistry
-from media.frames import RTC_RATE
 from peer.call import PeerCall
 from peer.speech import SpeechFixture
 from signaling.errors import ApiError
@@ -182,7 +182,7 @@ async def test_candidates_with_the_current_etag_are_accepted_with_204_and_no_eta
     assert (status, body) == (204, "")
     assert "ETag" not in headers  # RFC 9725 section 4.3.2
     session_id = url.rsplit("/", 1)[1]
-    remote = server.server.sessions.get(session_id).pc.remoteDescription.sdp
+    remote = server.server.sessions.get(session_id).connection.offer_sdp
     assert HOST in remote.splitlines()
 
     status, _, _ = await patch(http, url, "a=end-of-candidates\r\n", "*")
@@ -231,7 +231,7 @@ async def test_candidates_for_a_mid_the_offer_lacks_are_400(
     assert status == 400
     assert '"unknown_mid"' in body
     session_id = url.rsplit("/", 1)[1]
-    assert HOST not in server.server.sessions.get(session_id).pc.remoteDescription.sdp
+    assert HOST not in server.server.sessions.get(session_id).connection.offer_sdp
 
 
 async def test_ice_restart_is_422_and_the_session_goes_on(
@@ -338,7 +338,7 @@ async def test_patch_while_the_session_waits_for_a_resume_is_409(registry: Engin
                 session = running.server.sessions.get(call.session_id or "")
                 relay.blackout()  # the caller's network is gone: no RTP, the session detaches
                 async with asyncio.timeout(5):
-                    while session.pc is not None:
+                    while session.connection is not None:
                         await asyncio.sleep(0.05)
                 url = call.answer.resource_url
                 status, _, body = await patch(http, url, "a=end-of-candidates\r\n", "*")

@@ -7,7 +7,7 @@ the session's own schedule completes (``synthesis.py``); cancelling stops the wo
 one token and drops the utterance's caches.
 
 Streaming text: today the speak pipeline cuts ``speak_delta`` pieces into sentences and
-clauses (``media.text``) and calls ``synthesize`` once per piece, so the LLM starts on the
+clauses (``media.audio.text``) and calls ``synthesize`` once per piece, so the LLM starts on the
 first clause while the rest is still arriving, each clause in a fresh LLM context.
 ``synthesize_pieces`` is the bistream path (``bistream.py``): one LLM context fed the
 pieces as they come, speech starting after the first five text tokens, prosody continuing
@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from media.engines.base import BARGE_IN_OPTION, EngineKind, OptionSpec, SpeakEngine
+from media.engines.base import (
+    BARGE_IN_OPTION,
+    Capabilities,
+    EngineKind,
+    OptionSpec,
+    SpeakEngine,
+)
 from media.engines.cosyvoice.bistream import generate_bistream
 from media.engines.cosyvoice.modeldir import LoadedModel
 from media.engines.cosyvoice.prompts import (
@@ -69,10 +75,12 @@ class CosyVoiceState:
     finished_at: float | None = None
 
 
+# What CosyVoice2 was trained to speak: Chinese, English, Japanese, Korean and Cantonese.
+COSYVOICE_LANGUAGES = ("zh", "en", "ja", "ko", "yue")
+
+
 class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
     """Streaming CosyVoice2 synthesis over a shared, read-only model."""
-
-    incremental_text = True
 
     def __init__(self, model: LoadedModel, context_tokens: int | None, chunk: int) -> None:
         self.model = model
@@ -90,6 +98,9 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
             hop_size=chunk * MAX_HOP_CHUNKS * SAMPLES_PER_TOKEN,
             delay_ms=0.0,
             description="CosyVoice2 text to speech with zero-shot voice cloning, streamed.",
+            capabilities=Capabilities(
+                incremental_text=True, voice_prompt=True, languages=COSYVOICE_LANGUAGES
+            ),
             option_specs=(
                 OptionSpec(
                     "speaker",

@@ -27,7 +27,16 @@ from typing import Any
 import numpy as np
 import soxr
 
-from media.engines.base import EngineKind, OptionSpec, TransformEngine
+from media.audio.resample import StreamResampler
+from media.audio.vad import (
+    MODEL_RATE,
+    STOP_MS,
+    SileroVad,
+    SpeechDetector,
+    SpeechEventKind,
+    VadState,
+)
+from media.engines.base import Capabilities, EngineKind, OptionSpec, TransformEngine
 from media.engines.cosyvoice.flow_window import flow_mel
 from media.engines.cosyvoice.modeldir import LoadedModel
 from media.engines.cosyvoice.prompts import (
@@ -39,8 +48,6 @@ from media.engines.cosyvoice.prompts import (
 )
 from media.engines.cosyvoice.schedule import CHUNK_TOKENS
 from media.engines.cosyvoice.vocoder import VocoderCache, vocode
-from media.resample import StreamResampler
-from media.vad import MODEL_RATE, STOP_MS, SileroVad, SpeechDetector, SpeechEventKind, VadState
 
 PREROLL_SECONDS = 0.3  # audio kept from before the VAD decided speech had started
 MAX_SEGMENT_SECONDS = 8.0  # a phrase longer than this is converted in parts
@@ -95,6 +102,7 @@ class CosyVoiceVcEngine(TransformEngine[VcState]):
             # conversion (the speech tokenizer needs the whole phrase).
             delay_ms=STOP_MS,
             description="CosyVoice2 voice conversion, phrase by phrase (VAD-segmented).",
+            capabilities=Capabilities(voice_prompt=True),
             option_specs=(
                 OptionSpec(
                     "speaker",

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from media.frames import FRAME_MS, FRAME_SAMPLES
-from media.ringbuffer import RingBuffer
+from media.audio.frames import FRAME_MS, FRAME_SAMPLES
+from media.audio.ringbuffer import RingBuffer
 
 FRAME_SECONDS = FRAME_MS / 1000
 # Frames per phase check: if all of them waited for their slot, the slots move earlier.

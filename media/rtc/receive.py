@@ -15,7 +15,8 @@ concealment and queues the frames without bound. This path instead:
 - decodes inline (tens of microseconds) straight to float32 mono, with no thread hop.
 
 ``AudioReceivePath.add`` has the signature of aiortc's ``JitterBuffer.add``, so
-:func:`install` can put it in an ``RTCRtpReceiver`` in place of the stock buffer.
+``media.rtc.compat.install_receive_path`` can put it in an ``RTCRtpReceiver`` in place of the
+stock buffer. It is an ``AudioInput`` of the pipeline it feeds.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.opus import OpusDecoder, packet_has_fec
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
+from media.audio.opus import OpusDecoder, packet_has_fec
+from media.pipeline.base import ReceiveStats
 
 SEQ_MOD = 1 << 16
 TS_MOD = 1 << 32
@@ -47,19 +49,6 @@ FrameSink = Callable[[np.ndarray], None]
 def _seq_delta(a: int, b: int) -> int:
     """Signed distance from ``b`` to ``a`` in 16-bit sequence space."""
     return (a - b + SEQ_MOD // 2) % SEQ_MOD - SEQ_MOD // 2
-
-
-@dataclass
-class ReceiveStats:
-    packets: int = 0
-    frames: int = 0
-    late_dropped: int = 0
-    duplicates: int = 0
-    concealed: int = 0
-    recovered_fec: int = 0
-    skipped: int = 0
-    margin_ms: float = 0.0
-    jitter_ms: float = 0.0
 
 
 @dataclass
@@ -249,17 +238,3 @@ class AudioReceivePath:
         self._timer = None
         if self._pending:
             self._release(self._clock())
-
-
-def install(receiver: Any, path: AudioReceivePath) -> None:
-    """Route an aiortc ``RTCRtpReceiver``'s audio packets into ``path``.
-
-    aiortc has no public hook for its receive path, so this replaces the receiver's
-    jitter buffer attribute; its decoder thread then stays idle and its track yields
-    nothing. aiortc is pinned to the version this was written against, and the check
-    below fails loudly rather than silently if the attribute ever moves.
-    """
-    attribute = "_RTCRtpReceiver__jitter_buffer"
-    if not hasattr(receiver, attribute):
-        raise RuntimeError("this aiortc version has no receiver jitter buffer to replace")
-    setattr(receiver, attribute, path)

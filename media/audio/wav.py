@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from media.resample import StreamResampler
+from media.audio.resample import StreamResampler
 
 _SCALES = {1: 128.0, 2: 32768.0, 4: 2147483648.0}
 _DTYPES = {1: np.uint8, 2: np.int16, 4: np.int32}

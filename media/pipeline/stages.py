@@ -13,7 +13,7 @@ its own timestamps:
 - ``pacing``: ready until taken (waiting for the slot to start);
 - ``encode``: taken until the encoded packet leaves for the sender.
 
-Samples are traced by stream position, the way :class:`media.latency.InToOutMeter` does: an
+Samples are traced by stream position, the way :class:`media.pipeline.latency.InToOutMeter` does: an
 engine returns as many samples as it is given, so output sample ``q`` is the ``q``-th input
 sample that reached the engine. Each departing frame is attributed to the input chunk and
 the output chunk that hold its last sample. Chunks dropped from the input queue never reach
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from media.resample import StreamResampler
+from media.audio.resample import StreamResampler
 
 RECENT_FRAMES = 100  # two seconds of 20 ms frames
 TRANSFORM_STAGES = (

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from media.resample import StreamResampler
+from media.audio.resample import StreamResampler
 
 INPUT_RATE = 48_000  # what WebRTC delivers
 MODEL_RATE = 16_000

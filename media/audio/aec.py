@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 from pywebrtc_audio import EchoCanceller as Aec3
 
-from media.ringbuffer import RingBuffer
+from media.audio.ringbuffer import RingBuffer
 
 SAMPLE_RATE = 48_000  # AEC3 runs at 48 kHz natively: no resampling on either stream
 BLOCK = SAMPLE_RATE // 100  # 480: the binding works in 10 ms frames and zero-pads a short one

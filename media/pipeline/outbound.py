@@ -1,24 +1,23 @@
-"""Where a session's output audio waits for its slot: ring buffer, pacer and track together.
+"""Where a session's output audio waits for its slot: ring buffer, pacer and encoder.
 
 Transform and speak sessions differ in what they write here (a continuous processed
 stream, or bursts of synthesised speech far ahead of real time) and in how much audio may
 wait (a transform drops a backlog to keep latency; speech must all be played), but they
-leave through the same paced, Opus-encoding track.
+leave the same way: one paced, Opus-encoded frame per 20 ms slot, which a transport sends
+(``media.rtc.tracks`` over WebRTC).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-import av
 import numpy as np
-from aiortc.mediastreams import MediaStreamError
 
-from media.frames import FRAME_SAMPLES, RTC_RATE
-from media.opus import OpusEncoder
-from media.pacing import FramePacer
-from media.ringbuffer import RingBuffer
-from media.tracks import OutboundAudioTrack, opus_packet
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
+from media.audio.opus import OpusEncoder
+from media.audio.ringbuffer import RingBuffer
+from media.pipeline.pacing import FramePacer
 
 # An interruption fades out over the first half of the next frame: long enough not to click,
 # short enough that the track is silent 10 ms into that frame.
@@ -28,11 +27,31 @@ FADE_SECONDS = FADE_SAMPLES / RTC_RATE
 FrameObserver = Callable[[np.ndarray, bool], None]
 
 
+class OutputClosed(Exception):
+    """The session ended: there are no more frames."""
+
+
+@dataclass(frozen=True)
+class OutboundFrame:
+    """One 20 ms slot's audio: as sent (``samples``, float32 mono) and encoded (``payload``)."""
+
+    samples: np.ndarray
+    payload: bytes
+    pts: int  # the first sample's position in the output stream, at 48 kHz
+    is_silence: bool
+
+
+def encode_frame(encoder: OpusEncoder, samples: np.ndarray) -> bytes:
+    """One frame of float32 mono as the encoder's channels want it, encoded."""
+    pcm = samples if encoder.channels == 1 else np.repeat(samples, encoder.channels)
+    return encoder.encode(pcm)
+
+
 class OutboundAudio:
     """48 kHz float32 mono in, one paced Opus frame per 20 ms out.
 
-    It lives as long as the session; each peer connection gets its own ``track`` over it
-    (see :meth:`new_track`), so the buffer, the schedule and the encoder's state carry on
+    It lives as long as the session; each connection a transport attaches reads from it
+    (see :meth:`restart`), so the buffer, the schedule and the encoder's state carry on
     across a resumed connection.
     """
 
@@ -50,26 +69,30 @@ class OutboundAudio:
         self.frames_sent = 0
         self.silence_sent = 0
         self._closed = False
-        self.track = OutboundAudioTrack(self)
 
-    def new_track(self) -> OutboundAudioTrack:
-        """A track for a new peer connection; the previous one stops, the schedule restarts."""
-        self.track.stop()
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def restart(self) -> None:
+        """A new connection reads from here: the slot schedule starts again from now."""
         self.pacer.restart()
-        self.track = OutboundAudioTrack(self)
-        return self.track
 
-    async def next_packet(self) -> av.Packet:
+    async def next_frame(self) -> OutboundFrame:
         """The next paced frame, encoded; silence when nothing is ready in its slot."""
+        if self._closed:
+            raise OutputClosed
         samples, is_silence = await self.pacer.next_frame()
         if self._closed:
-            raise MediaStreamError  # the session ended while this frame waited
-        packet = opus_packet(self.encoder, samples, self.pacer.pts)
+            raise OutputClosed  # the session ended while this frame waited
+        frame = OutboundFrame(
+            samples, encode_frame(self.encoder, samples), self.pacer.pts, is_silence
+        )
         self.frames_sent += 1
         self.silence_sent += is_silence
         if self._on_frame is not None:  # told once the frame leaves: encoded
             self._on_frame(samples, is_silence)
-        return packet
+        return frame
 
     def write(self, samples: np.ndarray) -> None:
         if len(samples):
@@ -104,6 +127,5 @@ class OutboundAudio:
 
     def close(self) -> None:
         self._closed = True
-        self.track.stop()
         self.encoder.close()
         self.buffer.clear()
