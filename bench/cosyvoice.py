@@ -132,8 +132,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    loader.configure(model_dir=args.model_dir, device=args.device)
-    engine = loader.load_speak()
+    engine = loader.load_speak({"model": args.model_dir, "device": args.device})
     rows = concurrency_rows(engine, args.repeat)
     columns = [
         "streams",

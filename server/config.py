@@ -38,8 +38,11 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     log_level: str = "info"
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    cosyvoice_model: str | None = None
-    cosyvoice_src: str | None = None
+    cosyvoice_model: str | None = None  # the same as engine setting cosyvoice.model
+    cosyvoice_src: str | None = None  # cosyvoice.src
+    engines: tuple[str, ...] = ()  # which installed engines to load; empty: all of them
+    # (namespace, key, value) from --engine-setting NS.KEY=VALUE and COSYRTC_ENGINE_NS_KEY.
+    engine_settings: tuple[tuple[str, str, str], ...] = ()
     # Security and limits.
     auth_token: str | None = None
     admin_token: str | None = None
@@ -68,6 +71,9 @@ class _Flag:
     help: str
     kind: type = str
     repeat: bool = False
+    many: bool = False  # takes several values after one flag: --engines echo piper
+    # A family of variables instead of one named after the flag (read by the flag's parser).
+    variables: str | None = None
 
     @property
     def dest(self) -> str:
@@ -75,7 +81,7 @@ class _Flag:
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.dest.upper()
+        return self.variables or ENV_PREFIX + self.dest.upper()
 
 
 SERVE_FLAGS = (
@@ -92,6 +98,13 @@ SERVE_FLAGS = (
     _Flag("workers", "worker processes, each with its own event loop (default: CPU count)", int),
     _Flag("cosyvoice-model", "CosyVoice2 model directory (enables cosyvoice, cosyvoice-vc)"),
     _Flag("cosyvoice-src", "upstream CosyVoice checkout to import instead of the package"),
+    _Flag("engines", "installed engines to load (default: all of them)", repeat=True, many=True),
+    _Flag(
+        "engine-setting",
+        "an engine's setting, NAMESPACE.KEY=VALUE, e.g. cosyvoice.model=DIR (repeatable)",
+        repeat=True,
+        variables="COSYRTC_ENGINE_<NAMESPACE>_<KEY>",
+    ),
     _Flag("auth-token", "bearer token every signaling and session request must carry"),
     _Flag("admin-token", "bearer token for admin routes such as the session list"),
     _Flag("tls-cert", "PEM certificate chain: serve HTTPS (needs --tls-key)"),
@@ -127,13 +140,17 @@ SERVE_FLAGS = (
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in SERVE_FLAGS:
         help_text = f"{flag.help} [env {flag.env}]"
-        if flag.repeat:
+        if flag.many:
+            parser.add_argument(f"--{flag.name}", action="extend", nargs="+", help=help_text)
+        elif flag.repeat:
             parser.add_argument(f"--{flag.name}", action="append", help=help_text)
         else:
             parser.add_argument(f"--{flag.name}", help=help_text)
 
 
 def _from_env(flag: _Flag, env: Mapping[str, str]) -> Any:
+    if flag.variables is not None:
+        return None  # a family of variables, which the flag's own parser reads
     raw = env.get(flag.env)
     if raw is None or raw == "":
         return None
@@ -168,9 +185,44 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None
         values["cors_origins"] = values.pop("cors_origin")
     if "rtp_port_range" in values:
         values["rtp_port_range"] = _parse_port_range(values["rtp_port_range"])
+    values["engine_settings"] = _engine_settings(values.pop("engine_setting", ()), env)
     settings = Settings(**values)
     _validate(settings)
     return settings
+
+
+ENGINE_ENV_PREFIX = ENV_PREFIX + "ENGINE_"
+
+
+def _engine_settings(
+    flags: Sequence[str], env: Mapping[str, str]
+) -> tuple[tuple[str, str, str], ...]:
+    """Engine settings from flags over variables, as (namespace, key, value).
+
+    A variable ``COSYRTC_ENGINE_<NAMESPACE>_<KEY>`` is read for every namespace an installed
+    engine declares (``cosyvoice-vc`` is ``COSYVOICE_VC``), so ``COSYRTC_ENGINE_THREADS``
+    (``--engine-threads``) is never mistaken for one. Whether a key exists and its value is
+    good is for the engine to say when it loads.
+    """
+    from media.engines.registry import settings_namespaces
+
+    found: dict[tuple[str, str], str] = {}
+    for namespace in sorted(settings_namespaces(), key=len, reverse=True):
+        prefix = ENGINE_ENV_PREFIX + namespace.upper().replace("-", "_") + "_"
+        for variable, value in env.items():
+            if variable.startswith(prefix) and value != "":
+                key = variable[len(prefix) :].lower()
+                found.setdefault((namespace, key), value)
+    for text in flags:
+        name, equals, value = text.partition("=")
+        namespace, dot, key = name.partition(".")
+        if not equals or not dot or not namespace or not key:
+            raise SettingsError(
+                f"--engine-setting must be NAMESPACE.KEY=VALUE (e.g. cosyvoice.model=DIR), "
+                f"got {text!r}"
+            )
+        found[(namespace, key)] = value
+    return tuple((namespace, key, value) for (namespace, key), value in found.items())
 
 
 def _parse_ice_servers(urls: Sequence[str]) -> tuple[IceServer, ...]:

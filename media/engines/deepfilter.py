@@ -36,6 +36,7 @@ from media.engines.base import (
     OptionSpec,
     TransformEngine,
 )
+from media.engines.plugin import EnginePlugin, EngineSetting
 
 SAMPLE_RATE = 48_000  # DeepFilterNet3 is trained for 48 kHz only; the library cannot resample
 # The model's config.ini: a 960-point STFT with a 480 hop (10 ms) plus two hops of look-ahead
@@ -352,3 +353,24 @@ def load(pool_size: int = DEFAULT_POOL_SIZE) -> DeepFilterEngine:
             f"the DeepFilterNet runtime did not load ({exc}); {INSTALL_HINT}"
         ) from exc
     return DeepFilterEngine(lib, model_path, pool_size)
+
+
+def _pool_size(raw: str) -> int:
+    size = int(raw)
+    if size < 0:
+        raise ValueError("the warm pool holds 0 or more states")
+    return size
+
+
+PLUGIN = EnginePlugin(
+    "denoise",
+    load=lambda settings: load(settings["warm_pool"]),
+    settings=(
+        EngineSetting(
+            "warm_pool",
+            "native states made ahead of time, so a new session need not wait ~0.5 s for one",
+            DEFAULT_POOL_SIZE,
+            _pool_size,
+        ),
+    ),
+)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from media.engines.base import EngineKind, TransformEngine
+from media.engines.plugin import EnginePlugin
 
 ECHO_RATE = 48_000
 
@@ -36,5 +37,4 @@ class EchoEngine(TransformEngine[None]):
         return np.zeros(0, dtype=np.float32)
 
 
-def load() -> EchoEngine:
-    return EchoEngine()
+PLUGIN = EnginePlugin("echo", load=lambda settings: EchoEngine())

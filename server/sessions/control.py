@@ -7,6 +7,10 @@ Client -> server messages are JSON objects with a ``type``:
 - ``{"type": "flush", "id"?: ID}``: speak the rest of the streamed utterance;
 - ``{"type": "interrupt"}``: stop speaking now and drop everything queued.
 
+Text in a script the engine's languages are not written in is refused
+(``unsupported_language``, naming the engines that can speak it) rather than read out as
+noise.
+
 Anything malformed gets ``{"type": "error", "error": code, "message": sentence}`` back and
 changes nothing; the session goes on.
 """
@@ -14,10 +18,12 @@ changes nothing; the session goes on.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from media.pipeline.speak import SpeechQueueFull
+from media.pipeline.base import TextInput
+from media.pipeline.speak import SpeechQueueFull, UnsupportedLanguage
 
 MAX_MESSAGE_BYTES = 16 * 1024
 MAX_TEXT_CHARS = 4000
@@ -44,13 +50,9 @@ class Command:
     id: str | None = None
 
 
-class Speaker(Protocol):
-    """What a command needs from a speak session."""
-
-    def speak(self, text: str, utterance_id: str | None = None) -> str: ...
-    def speak_delta(self, piece: str, utterance_id: str | None = None) -> str: ...
-    def flush(self, utterance_id: str | None = None) -> str | None: ...
-    def interrupt(self) -> int: ...
+Speaker = TextInput  # what a command needs from a speak session
+# The engines that can speak a text, by name (for the message of ``unsupported_language``).
+Alternatives = Callable[[str], list[str]]
 
 
 def decode(raw: str | bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
@@ -99,13 +101,23 @@ def parse(payload: dict[str, Any]) -> Command:
     return Command(kind, text, utterance_id)
 
 
-def apply(command: Command, speaker: Speaker) -> dict[str, Any] | None:
+def apply(
+    command: Command, speaker: Speaker, alternatives: Alternatives | None = None
+) -> dict[str, Any] | None:
     """Carry out a command; returns an acknowledgement event when there is one."""
     try:
         return _carry_out(command, speaker)
     except SpeechQueueFull as exc:
         raise ControlError(
             "queue_full", f"Too much speech is queued ({exc}); wait for some to finish."
+        ) from exc
+    except UnsupportedLanguage as exc:
+        others = alternatives(command.text or "") if alternatives is not None else []
+        raise ControlError(
+            "unsupported_language",
+            f"Engine '{exc.engine}' speaks {', '.join(exc.languages)}; this text is written "
+            f"in {', '.join(s.lower() for s in exc.scripts)} script. Engines that can speak "
+            f"it: {', '.join(others) or 'none here'}.",
         ) from exc
 
 

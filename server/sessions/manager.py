@@ -22,10 +22,12 @@ from collections.abc import Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
+from media.audio.languages import foreign_scripts
 from media.audio.opus import Application, OpusEncoder
 from media.audio.vad import SileroVad
 from media.engines.base import (
     Engine,
+    EngineKind,
     EngineUnavailable,
     OptionsError,
     SpeakEngine,
@@ -121,6 +123,15 @@ class SessionManager:
         except KeyError:
             raise ApiError(404, "session_not_found", "No live session has that id.") from None
 
+    def _speakers_for(self, text: str) -> list[str]:
+        """The loaded speak engines whose languages can read ``text``."""
+        return [
+            engine.name
+            for engine in self._registry.engines
+            if engine.kind is EngineKind.SPEAK
+            and not foreign_scripts(text, engine.capabilities.languages)
+        ]
+
     def engines_document(self) -> dict[str, Any]:
         return {
             "default": self._settings.engine,
@@ -204,6 +215,7 @@ class SessionManager:
             secrets.token_urlsafe(RESUME_TOKEN_BYTES),
             receives_caller_audio=request.summary.sends_audio,
             limits=limits,
+            speakers_for=self._speakers_for,
         )
         try:
             answer = await self._connect(session, request)

@@ -14,7 +14,7 @@ from media.engines.base import Engine
 from media.pipeline.base import Pipeline, TextInput
 from media.rtc.connection import RtcConnection
 from server.sessions.channel_limits import ChannelLimits
-from server.sessions.control import ControlError, apply, decode, parse
+from server.sessions.control import Alternatives, ControlError, apply, decode, parse
 from server.sessions.events import EventHub
 from signaling.errors import ApiError
 
@@ -54,6 +54,7 @@ class Session:
     connected: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     limits: ChannelLimits = field(kw_only=True)
+    speakers_for: Alternatives | None = field(default=None, kw_only=True)
 
     @property
     def speaker(self) -> TextInput:
@@ -94,7 +95,9 @@ class Session:
         try:
             if not self.limits.admit(raw):
                 return
-            reply = apply(parse(decode(raw, self.limits.max_bytes)), self.speaker)
+            reply = apply(
+                parse(decode(raw, self.limits.max_bytes)), self.speaker, self.speakers_for
+            )
         except ControlError as exc:
             reply = exc.event()
         if reply is not None:
@@ -105,7 +108,7 @@ class Session:
         try:
             if not isinstance(payload, dict):
                 raise ControlError("invalid_message", "The body must be a JSON object.")
-            return apply(parse(payload), self.speaker)
+            return apply(parse(payload), self.speaker, self.speakers_for)
         except ControlError as exc:
             raise ApiError(400, exc.code, exc.message) from exc
 

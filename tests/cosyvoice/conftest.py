@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("torch", reason="run `make cosyvoice` for the CosyVoice tests")
 pytest.importorskip("cosyvoice", reason="run `make cosyvoice` for the CosyVoice tests")
 
-from media.engines.cosyvoice import loader
 from media.engines.cosyvoice.speak import CosyVoiceEngine
 from media.engines.cosyvoice.vc import CosyVoiceVcEngine
 from media.engines.registry import EngineRegistry
@@ -28,12 +27,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def cosyvoice_registry(tiny_model_dir: Path) -> Iterator[EngineRegistry]:
     """The registry the server gets, with the CosyVoice loaders pointed at the tiny model."""
-    loader.configure(model_dir=tiny_model_dir)
-    registry = EngineRegistry.load(["echo", "cosyvoice", "cosyvoice-vc"])
+    settings = {"cosyvoice": {"model": str(tiny_model_dir)}}
+    registry = EngineRegistry.load(["echo", "cosyvoice", "cosyvoice-vc"], settings=settings)
     assert not registry.unavailable, registry.unavailable
     yield registry
     registry.close()
-    loader.configure()
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from media.engines.cosyvoice import loader
 from media.engines.cosyvoice.modeldir import inference_yaml
 from media.engines.registry import EngineRegistry
 
@@ -35,13 +31,6 @@ train_conf:
 """
 
 
-@pytest.fixture
-def restore_settings() -> Iterator[None]:
-    previous = loader.current_settings()
-    yield
-    loader.configure(**vars(previous))
-
-
 def test_only_the_module_blocks_and_plain_values_reach_hyperpyyaml():
     """The released yaml names whisper- and librosa-based helpers that must not be imported."""
     kept = inference_yaml(UPSTREAM_SHAPED_YAML)
@@ -52,9 +41,7 @@ def test_only_the_module_blocks_and_plain_values_reach_hyperpyyaml():
     assert "train_conf:" in kept and "max_epoch: 200" in kept
 
 
-@pytest.mark.usefixtures("restore_settings")
 def test_without_a_model_directory_the_engines_say_how_to_enable_them():
-    loader.configure(model_dir=None)
     registry = EngineRegistry.load(["echo", "cosyvoice", "cosyvoice-vc"])
     assert registry.names == ["echo"]
     for name in ("cosyvoice", "cosyvoice-vc"):
@@ -62,11 +49,9 @@ def test_without_a_model_directory_the_engines_say_how_to_enable_them():
         assert "make cosyvoice" in message and "--cosyvoice-model" in message
 
 
-@pytest.mark.usefixtures("restore_settings")
 def test_an_incomplete_model_directory_names_the_missing_files(tmp_path: Path):
     (tmp_path / "cosyvoice2.yaml").write_text("sample_rate: 24000\n")
-    loader.configure(model_dir=tmp_path)
-    registry = EngineRegistry.load(["cosyvoice"])
+    registry = EngineRegistry.load(["cosyvoice"], settings={"cosyvoice": {"model": str(tmp_path)}})
     message = registry.unavailable["cosyvoice"]
     assert "llm.pt" in message and "CosyVoice-BlankEN" in message
     assert "cosyvoice2.yaml" not in message.split("missing", 1)[1]

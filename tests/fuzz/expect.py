@@ -54,6 +54,7 @@ CONTROL_CODES = frozenset(
         "text_too_long",
         "invalid_id",
         "not_a_speak_session",
+        "unsupported_language",
     }
 )
 SESSION_CODES = frozenset({"session_not_found"})
@@ -68,6 +69,7 @@ SPEAK_CODES = (
         "text_too_long",
         "invalid_id",
         "not_a_speak_session",
+        "unsupported_language",
     }
 )
 INTERRUPT_CODES = SESSION_CODES | {"not_a_speak_session"}

@@ -60,6 +60,8 @@ ENV_VALUES = {
     "COSYRTC_ANNOUNCE_IP": "203.0.113.7",
     "COSYRTC_RTP_PORT_RANGE": "40000-40099",
     "COSYRTC_LOG_FORMAT": "json",
+    "COSYRTC_ENGINES": "echo, piper",
+    "COSYRTC_ENGINE_COSYVOICE_DEVICE": "cuda",
 }
 EXPECTED = Settings(
     host="127.0.0.2",
@@ -95,12 +97,15 @@ EXPECTED = Settings(
     announce_ip="203.0.113.7",
     rtp_port_range=(40000, 40099),
     log_format="json",
+    engines=("echo", "piper"),
+    engine_settings=(("cosyvoice", "device", "cuda"),),
 )
 
 
 def test_every_flag_has_a_variable(capsys: pytest.CaptureFixture[str]):
-    assert {flag.env for flag in SERVE_FLAGS} == set(ENV_VALUES)
-    for flag in SERVE_FLAGS:
+    named = [flag for flag in SERVE_FLAGS if flag.variables is None]
+    assert {flag.env for flag in named} | {"COSYRTC_ENGINE_COSYVOICE_DEVICE"} == set(ENV_VALUES)
+    for flag in named:
         assert flag.env == "COSYRTC_" + flag.name.replace("-", "_").upper()
     with pytest.raises(SystemExit):
         serve_args("--help")
@@ -149,6 +154,10 @@ def test_every_flag_sets_its_setting():
         "--announce-ip=203.0.113.7",
         "--rtp-port-range=40000-40099",
         "--log-format=json",
+        "--engines",
+        "echo",
+        "piper",
+        "--engine-setting=cosyvoice.device=cuda",
     )
     assert settings_from(args, {}) == EXPECTED
 
@@ -259,3 +268,20 @@ def test_valid_flag_overrides_bad_variable():
 
 def test_settings_error_is_a_value_error():
     assert issubclass(SettingsError, ValueError)
+
+
+def test_engine_settings_come_from_flags_over_their_variables():
+    env = {"COSYRTC_ENGINE_COSYVOICE_MODEL": "/env", "COSYRTC_ENGINE_DENOISE_WARM_POOL": "4"}
+    flagged = settings_from(serve_args("--engine-setting", "cosyvoice.model=/flag"), env)
+    assert set(flagged.engine_settings) == {
+        ("cosyvoice", "model", "/flag"),
+        ("denoise", "warm_pool", "4"),
+    }
+    # --engine-threads' variable is not read as an engine called "threads".
+    assert settings_from(serve_args(), {"COSYRTC_ENGINE_THREADS": "3"}).engine_settings == ()
+
+
+@pytest.mark.parametrize("bad", ["cosyvoice.model", "model=/x", ".model=/x", "cosyvoice.=/x"])
+def test_an_engine_setting_must_name_namespace_key_and_value(bad: str):
+    with pytest.raises(SettingsError, match=r"NAMESPACE\.KEY=VALUE"):
+        settings_from(serve_args("--engine-setting", bad), {})

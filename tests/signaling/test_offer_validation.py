@@ -18,7 +18,8 @@ import aiohttp
 import pytest
 
 from media.engines.base import Engine, EngineKind
-from media.engines.registry import LOADERS, EngineRegistry
+from media.engines.plugin import EnginePlugin
+from media.engines.registry import EngineRegistry
 from server.config import Settings
 from tests.conftest import RunningServer, running_server
 from tests.signaling.offers import (
@@ -536,11 +537,19 @@ def load_bare() -> BareEngine:
     )
 
 
+def load_broken(settings: Any) -> Engine[Any]:
+    import tests.signaling.no_such_module  # type: ignore[import-not-found]  # noqa: F401
+
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture
-def odd_registry(monkeypatch: pytest.MonkeyPatch) -> EngineRegistry:
-    monkeypatch.setitem(LOADERS, "broken", "tests.signaling.no_such_module:load")
-    monkeypatch.setitem(LOADERS, "bare", f"{__name__}:load_bare")
-    loaded = EngineRegistry.load(["echo", "broken", "bare"])
+def odd_registry() -> EngineRegistry:
+    extra = [
+        EnginePlugin("broken", load_broken),
+        EnginePlugin("bare", lambda settings: load_bare()),
+    ]
+    loaded = EngineRegistry.load(["echo", "broken", "bare"], extra=extra)
     assert loaded.names == ["echo", "bare"]
     assert "broken" in loaded.unavailable
     return loaded

@@ -4,10 +4,11 @@ Enable them with ``make cosyvoice`` (torch 2.13 CPU, the upstream neural modules
 ``cosyvoice-minicpmo`` installed ``--no-deps``, ``requirements/cosyvoice.txt``) and a
 CosyVoice2 model directory: ``cosyvoice2.yaml``, ``llm.pt``, ``flow.pt``, ``hift.pt``,
 ``campplus.onnx``, ``speech_tokenizer_v2.onnx``, ``spk2info.pt`` and ``CosyVoice-BlankEN/``.
-``loader.configure(model_dir=..., src_path=...)`` says where they are (``src_path``: a checkout
-of the upstream repository to import instead of the installed package); the server passes its
-settings to it before loading engines. Without them both engines are listed as unavailable,
-with a message saying this, and the server starts normally.
+The ``cosyvoice`` settings namespace says where they are (``model``, and ``src``: a checkout
+of the upstream repository to import instead of the installed package), filled from
+``--engine-setting cosyvoice.model=DIR`` (or ``--cosyvoice-model``). Without a model both
+engines are listed as unavailable, with a message saying this, and the server starts
+normally.
 
 Importing this package imports nothing heavy: torch and the upstream modules are imported when
 the registry loads the engines (``loader.load_speak``, ``loader.load_vc``).

@@ -1,25 +1,28 @@
 """Settings and loading for the CosyVoice engines: one model per process, shared by both.
 
-The server calls ``configure`` with its settings before loading engines (no module reads the
-environment); the registry then calls ``load_speak`` and ``load_vc``. The first of them loads
-the model directory, the second reuses it, and each engine gives it back on ``close``.
+Both engines read the ``cosyvoice`` settings namespace (``--engine-setting
+cosyvoice.model=DIR``, ``COSYRTC_ENGINE_COSYVOICE_MODEL``; ``--cosyvoice-model`` is the
+same setting). The first of them to load reads the model directory, the second reuses it,
+and each engine gives it back on ``close``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from media.engines.base import EngineUnavailable
+from media.engines.plugin import EnginePlugin, EngineSetting
 
 log = logging.getLogger(__name__)
 
 ENABLE_HINT = (
-    "install it with `make cosyvoice` and point --cosyvoice-model (COSYRTC_COSYVOICE_MODEL) "
-    "at a CosyVoice2 model directory"
+    "install it with `make cosyvoice` and point --cosyvoice-model (or --engine-setting "
+    "cosyvoice.model=DIR, COSYRTC_ENGINE_COSYVOICE_MODEL) at a CosyVoice2 model directory"
 )
 WARM_UP_TEXT = "Hi."
 
@@ -37,32 +40,41 @@ class CosyVoiceSettings:
 
 
 _lock = threading.Lock()
-_settings = CosyVoiceSettings()
 _shared: dict[CosyVoiceSettings, tuple[Any, int]] = {}  # settings -> (LoadedModel, users)
 
 
-def configure(
-    model_dir: str | Path | None = None,
-    src_path: str | Path | None = None,
-    device: str = "cpu",
-    flow_context_tokens: int | None = 100,
-) -> CosyVoiceSettings:
-    """Set what the next ``load_speak``/``load_vc`` load; returns the settings in force."""
-    global _settings
-    settings = CosyVoiceSettings(
-        model_dir=Path(model_dir) if model_dir is not None else None,
-        src_path=Path(src_path) if src_path is not None else None,
-        device=device,
-        flow_context_tokens=flow_context_tokens,
+def _context_tokens(raw: str) -> int | None:
+    if raw.lower() == "none":
+        return None
+    tokens = int(raw)
+    if tokens < 1:
+        raise ValueError("a number of speech tokens (at least 1), or none")
+    return tokens
+
+
+SETTINGS = (
+    EngineSetting("model", "CosyVoice2 model directory (enables the engines)", None, Path),
+    EngineSetting(
+        "src", "upstream CosyVoice checkout to import instead of the package", None, Path
+    ),
+    EngineSetting("device", "torch device: cpu, cuda, cuda:1, ...", "cpu", str),
+    EngineSetting(
+        "flow_context_tokens",
+        "left context of each flow call in speech tokens, or none (whole utterance)",
+        100,
+        _context_tokens,
+    ),
+)
+
+
+def settings_from(values: Mapping[str, Any]) -> CosyVoiceSettings:
+    """The parsed ``cosyvoice`` namespace as the loader's settings."""
+    return CosyVoiceSettings(
+        model_dir=values.get("model"),
+        src_path=values.get("src"),
+        device=values.get("device", "cpu"),
+        flow_context_tokens=values.get("flow_context_tokens", 100),
     )
-    with _lock:
-        _settings = settings
-    return settings
-
-
-def current_settings() -> CosyVoiceSettings:
-    with _lock:
-        return _settings
 
 
 def acquire(settings: CosyVoiceSettings) -> Any:
@@ -116,9 +128,9 @@ def _chunk_tokens(model: Any) -> int:
     return max(1, frames // model.flow.token_mel_ratio) if frames else CHUNK_TOKENS
 
 
-def load_speak() -> Any:
+def load_speak(values: Mapping[str, Any]) -> Any:
     """The ``cosyvoice`` speak engine, warmed up with one short utterance."""
-    settings = current_settings()
+    settings = settings_from(values)
     model = acquire(settings)
     from media.engines.cosyvoice.speak import CosyVoiceEngine
 
@@ -130,12 +142,16 @@ def load_speak() -> Any:
     return engine
 
 
-def load_vc() -> Any:
+def load_vc(values: Mapping[str, Any]) -> Any:
     """The ``cosyvoice-vc`` transform engine."""
-    settings = current_settings()
+    settings = settings_from(values)
     model = acquire(settings)
     from media.engines.cosyvoice.vc import CosyVoiceVcEngine
 
     engine = CosyVoiceVcEngine(model)
     engine.close = lambda: (engine.shutdown(), release(settings))  # type: ignore[method-assign]
     return engine
+
+
+SPEAK_PLUGIN = EnginePlugin("cosyvoice", load_speak, SETTINGS, namespace="cosyvoice")
+VC_PLUGIN = EnginePlugin("cosyvoice-vc", load_vc, SETTINGS, namespace="cosyvoice")

@@ -1,6 +1,6 @@
 """Speak sessions: text in, speech out (see :mod:`media.pipeline.speak.pipeline`)."""
 
-from media.pipeline.speak.pipeline import SpeakPipeline
+from media.pipeline.speak.pipeline import SpeakPipeline, UnsupportedLanguage
 from media.pipeline.speak.utterances import SpeechQueueFull
 
-__all__ = ["SpeakPipeline", "SpeechQueueFull"]
+__all__ = ["SpeakPipeline", "SpeechQueueFull", "UnsupportedLanguage"]

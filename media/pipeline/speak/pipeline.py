@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from media.audio.frames import RTC_RATE
+from media.audio.languages import foreign_scripts
 from media.audio.opus import OpusEncoder
 from media.audio.resample import StreamResampler
 from media.audio.vad import SileroVad
@@ -40,6 +41,16 @@ OUTPUT_BUFFER_SECONDS = 120.0
 # Synthesis pauses once this much speech is waiting to be played: a long text costs memory
 # in proportion to what is ahead, not to its length, and an interrupt discards little work.
 MAX_AHEAD_SECONDS = 20.0
+
+
+class UnsupportedLanguage(Exception):
+    """Text in a script the engine's declared languages are not written in."""
+
+    def __init__(self, engine: str, languages: tuple[str, ...], scripts: list[str]) -> None:
+        super().__init__(f"engine {engine!r} speaks {', '.join(languages)}")
+        self.engine = engine
+        self.languages = languages
+        self.scripts = scripts
 
 
 class SpeakPipeline(Pipeline):
@@ -82,11 +93,20 @@ class SpeakPipeline(Pipeline):
 
     def speak(self, text: str, utterance_id: str | None = None) -> str:
         """Queue a complete utterance (spoken in full even without final punctuation)."""
+        self._check_language(text)
         return self._counted(self._utterances.speak(text, utterance_id))
 
     def speak_delta(self, piece: str, utterance_id: str | None = None) -> str:
         """Add a streamed piece; sentences are spoken as soon as their boundary arrives."""
+        self._check_language(piece)
         return self._counted(self._utterances.speak_delta(piece, utterance_id))
+
+    def _check_language(self, text: str) -> None:
+        """Refuse text the engine cannot speak, rather than read it out as noise."""
+        languages = self.engine.capabilities.languages
+        scripts = foreign_scripts(text, languages)
+        if scripts:
+            raise UnsupportedLanguage(self.engine.name, languages, scripts)
 
     def flush(self, utterance_id: str | None = None) -> str | None:
         """Speak the rest of the streamed utterance; returns its id (None if there was none)."""
