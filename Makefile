@@ -20,7 +20,7 @@ DEBIAN_TEST_PACKAGES := espeak-ng chromium iproute2 python3-gi python3-gst-1.0 \
 run: install
 	$(PY) -m server serve $(ARGS)
 
-test: install-test system-test-deps cosyvoice
+test: install-test system-test-deps cosyvoice lint
 	$(PY) -m pytest -q
 
 install: $(STAMP)
@@ -37,8 +37,10 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q --no-deps silero-vad==6.2.3
 	touch $@
 
-$(TEST_STAMP): $(STAMP) pyproject.toml
+# The example engine plugin is a package of its own: the suite calls it over a real call.
+$(TEST_STAMP): $(STAMP) pyproject.toml examples/engine-plugin/pyproject.toml
 	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e examples/engine-plugin
 	touch $@
 
 # CosyVoice2 engines (optional for `make run`, part of `make test`): torch from its pinned CPU
@@ -70,9 +72,12 @@ system-test-deps:
 	  fi; \
 	fi
 
+# Style, the layer rule (import-linter contracts in pyproject.toml) and types.
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 bench: install-test
 	$(PIP) install -q -e '.[bench]'

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from bench.common import (
     ROOT,
@@ -151,7 +152,7 @@ async def measure(
         "rtt_ms_p95": percentile(rtts, 95),
         "rtt_samples": len(rtts),
         "rtt_growth_ms": (
-            round(percentile(second_half, 95) - percentile(first_half, 95), 1)
+            round(float(np.percentile(second_half, 95) - np.percentile(first_half, 95)), 1)
             if first_half and second_half
             else None
         ),

@@ -106,7 +106,7 @@ async def engine_bytes(http: aiohttp.ClientSession, url: str, engine: str) -> in
     """The engine's own per-session memory figure, when it reports one."""
     async with http.get(urljoin(url, "engines")) as response:
         document = await response.json()
-    described = next((e for e in document["engines"] if e["name"] == engine), {})
+    described: dict[str, Any] = next((e for e in document["engines"] if e["name"] == engine), {})
     return described.get("per_session_bytes")
 
 

@@ -77,7 +77,7 @@ class Soak:
                 self.probes_rtts.extend(caller.rtts_since(self.window_start))
 
 
-def read_proc(pid: int) -> dict[str, int]:
+def read_proc(pid: int) -> dict[str, float]:
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
     threads = next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
     return {

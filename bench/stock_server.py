@@ -36,14 +36,14 @@ def create_app() -> web.Application:
                 peers.discard(pc)
 
         @pc.on("track")
-        def on_track(track) -> None:  # type: ignore[no-untyped-def]
+        def on_track(track) -> None:
             if track.kind == "audio":
                 pc.addTrack(relay.subscribe(track))
 
         @pc.on("datachannel")
-        def on_datachannel(channel) -> None:  # type: ignore[no-untyped-def]
+        def on_datachannel(channel) -> None:
             @channel.on("message")
-            def on_message(message) -> None:  # type: ignore[no-untyped-def]
+            def on_message(message) -> None:
                 if isinstance(message, str) and message.startswith("ping"):
                     channel.send("pong" + message[4:])
 

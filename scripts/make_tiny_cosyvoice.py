@@ -224,7 +224,7 @@ def write_qwen(directory: Path, sizes: Sizes, vocab: int) -> None:
         sliding_window=None,  # as released; a window makes transformers warn on every load
         tie_word_embeddings=True,
     )
-    Qwen2ForCausalLM(config).save_pretrained(str(directory))
+    Qwen2ForCausalLM(config).save_pretrained(str(directory))  # type: ignore[attr-defined]
 
 
 def _graph_model(graph: onnx.GraphProto) -> onnx.ModelProto:

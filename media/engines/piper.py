@@ -268,7 +268,11 @@ class PiperEngine(SpeakEngine[PiperState]):
             for phonemes in _encoder_runs(sentence):
                 ids = np.array([voice.front_end.phonemes_to_ids(phonemes)], dtype=np.int64)
                 lengths = np.array([ids.shape[1]], dtype=np.int64)
-                feeds = {"input": ids, "input_lengths": lengths, "scales": scales}
+                feeds: dict[str, np.ndarray] = {
+                    "input": ids,
+                    "input_lengths": lengths,
+                    "scales": scales,
+                }
                 if voice.speaker_id is not None:
                     feeds["sid"] = np.array([voice.speaker_id], dtype=np.int64)
                 if cancel.is_set():

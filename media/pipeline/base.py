@@ -28,7 +28,7 @@ from media.engines.base import Engine, EngineError
 from media.pipeline.events import EventSink
 from media.pipeline.executor import SerialExecutor
 from media.pipeline.outbound import OutboundAudio
-from media.pipeline.stages import DurationHistogram, SpeakStages, TransformStages
+from media.pipeline.stages import DurationHistogram, StageWindow
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,13 @@ class PipelineCounters:
     input_queued: int | None  # input frames waiting for the engine; None: no input queue
 
 
+class StageTimings(Protocol):
+    """A kind's per-stage timing: its window of recent frames is what the page shows."""
+
+    @property
+    def window(self) -> StageWindow: ...
+
+
 class VoicePromptUnsupported(EngineError):
     """The session's engine takes no voice prompt."""
 
@@ -87,7 +94,7 @@ class TextInput(Protocol):
 class Pipeline(ABC):
     """One session's audio path; subclasses say what runs the engine and what comes out."""
 
-    stages: TransformStages | SpeakStages
+    stages: StageTimings
 
     def __init__(
         self,

@@ -57,6 +57,7 @@ class TransformPipeline(Pipeline):
     """Runs one session's audio through a transform engine and paces the result out."""
 
     engine: TransformEngine[Any]
+    stages: TransformStages
 
     def __init__(
         self,

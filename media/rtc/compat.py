@@ -67,7 +67,7 @@ RECEIVER_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"
 _stock_create_ssl_context: Callable[..., SSL.Context] = RTCCertificate._create_ssl_context
 _stock_get_host_addresses = aioice.ice.get_host_addresses
 _stock_get_component_candidates = aioice.ice.Connection.get_component_candidates
-_stock_local_candidates: property = aioice.ice.Connection.local_candidates
+_stock_local_candidates: property = aioice.ice.Connection.local_candidates  # type: ignore[assignment]
 
 
 class UncheckedVersion(RuntimeError):
@@ -125,26 +125,26 @@ def restrict_host_addresses(addresses: Sequence[str]) -> None:
         aioice.ice.get_host_addresses = _stock_get_host_addresses
         return
     check_versions()
-    aioice.ice.get_host_addresses = ice.address_lookup(addresses)
+    aioice.ice.get_host_addresses = ice.address_lookup(addresses)  # type: ignore[assignment]
 
 
 def bind_host_ports(port_range: tuple[int, int] | None) -> None:
     """Bind every host candidate to a UDP port in ``port_range`` (None: any port)."""
     if port_range is None:
-        aioice.ice.Connection.get_component_candidates = _stock_get_component_candidates
+        aioice.ice.Connection.get_component_candidates = _stock_get_component_candidates  # type: ignore[method-assign]
         return
     check_versions()
     low, high = port_range
     gatherer = ice.gatherer_in_range(low, high, _stock_get_component_candidates)
-    aioice.ice.Connection.get_component_candidates = gatherer  # type: ignore[assignment]
+    aioice.ice.Connection.get_component_candidates = gatherer  # type: ignore[method-assign,assignment]
 
 
 def announce_host_address(address: str | None) -> None:
     """Signal ``address`` instead of the bound one in host candidates of its family (None:
     the bound address, aioice's way)."""
     if address is None:
-        aioice.ice.Connection.local_candidates = _stock_local_candidates
+        aioice.ice.Connection.local_candidates = _stock_local_candidates  # type: ignore[method-assign,assignment]
         return
     check_versions()
     announced = ice.announced_local_candidates(address, _stock_local_candidates)
-    aioice.ice.Connection.local_candidates = announced  # type: ignore[method-assign]
+    aioice.ice.Connection.local_candidates = announced  # type: ignore[method-assign,assignment]

@@ -45,9 +45,12 @@ ComponentGatherer = Callable[
 class IceServerConfig(Protocol):
     """A STUN or TURN server, as ``signaling.ice.IceServer`` holds one."""
 
-    url: str
-    username: str | None
-    credential: str | None
+    @property
+    def url(self) -> str: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def credential(self) -> str | None: ...
 
 
 def rtc_configuration(servers: Sequence[IceServerConfig]) -> RTCConfiguration:

@@ -50,7 +50,7 @@ def read_sdp(text: str) -> SdpView:
             direction=m.direction,
             mid=str(m.rtp.muxId) if m.rtp.muxId else None,
             codecs=tuple(CodecView(c.mimeType, dict(c.parameters)) for c in m.rtp.codecs),
-            has_ice_credentials=bool(m.ice.usernameFragment and m.ice.password),
+            has_ice_credentials=bool(m.ice and m.ice.usernameFragment and m.ice.password),
             has_fingerprint=bool(m.dtls and m.dtls.fingerprints),
             candidate_ports=tuple(c.port for c in m.ice_candidates),
         )

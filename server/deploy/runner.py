@@ -14,14 +14,15 @@ import gc
 import logging
 import signal
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 from aiohttp.log import access_logger
 
 log = logging.getLogger(__name__)
 
-Drain = Callable[[web.Application], Awaitable[None]]
+Drain = Callable[[web.Application], Coroutine[Any, Any, None]]
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

@@ -17,50 +17,17 @@ import ipaddress
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from server.sessions.token_bucket import Clock, TokenBucket
 from signaling.errors import ApiError
 
 MAX_TRACKED_ADDRESSES = 100_000
 IPV6_CLIENT_PREFIX = 64
 SESSION_CREATING_PATHS: frozenset[str] = frozenset({"/offer", "/whip", "/whip/{engine}"})
-
-Clock = Callable[[], float]
-
-
-class TokenBucket:
-    """``capacity`` tokens, refilled at ``rate`` per second; ``take()`` spends one."""
-
-    def __init__(self, capacity: float, rate: float, clock: Clock = time.monotonic) -> None:
-        self.capacity = capacity
-        self.rate = rate
-        self._clock = clock
-        self._tokens = capacity
-        self._updated = clock()
-
-    def _refill(self) -> float:
-        now = self._clock()
-        self._tokens = min(self.capacity, self._tokens + (now - self._updated) * self.rate)
-        self._updated = now
-        return now
-
-    def take(self) -> bool:
-        self._refill()
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
-
-    def seconds_until_token(self) -> float:
-        self._refill()
-        return max(0.0, (1 - self._tokens) / self.rate)
-
-    @property
-    def last_used(self) -> float:
-        return self._updated
 
 
 def client_key(address: str | None) -> str:

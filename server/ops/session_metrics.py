@@ -236,13 +236,13 @@ class _Snapshot:
                 family.add_metric([engine], totals.counters[name])
             yield family
         for name, documentation in SESSION_HISTOGRAMS.items():
-            family = HistogramMetricFamily(f"{PREFIX}_{name}", documentation, labels=["engine"])
+            histograms = HistogramMetricFamily(f"{PREFIX}_{name}", documentation, labels=["engine"])
             for engine, totals in engines:
                 histogram = totals.histograms[name]
                 if histogram.count:  # an engine's kind has half of them: skip the empty ones
-                    buckets = [(_le(bound), count) for bound, count in histogram.cumulative()]
-                    family.add_metric([engine], buckets, histogram.sum)
-            yield family
+                    buckets = [(_le(bound), float(n)) for bound, n in histogram.cumulative()]
+                    histograms.add_metric([engine], buckets, histogram.sum)
+            yield histograms
         queued = GaugeMetricFamily(
             f"{PREFIX}_queued_frames",
             "Audio waiting, in 20 ms frames: 'input' for the engine, 'output' for its slot.",
@@ -250,8 +250,8 @@ class _Snapshot:
         )
         for engine, frames in sorted(self.input_queued.items()):
             queued.add_metric([engine, "input"], frames)
-        for engine, frames in sorted(self.output_queued.items()):
-            queued.add_metric([engine, "output"], round(frames, 3))
+        for engine, buffered in sorted(self.output_queued.items()):
+            queued.add_metric([engine, "output"], round(buffered, 3))
         yield queued
 
 

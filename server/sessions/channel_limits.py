@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from server.http.ratelimit import Clock, TokenBucket
 from server.sessions.control import ControlError
+from server.sessions.token_bucket import Clock, TokenBucket
 
 
 class ChannelLimits:

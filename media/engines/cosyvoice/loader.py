@@ -149,7 +149,12 @@ def load_vc(values: Mapping[str, Any]) -> Any:
     from media.engines.cosyvoice.vc import CosyVoiceVcEngine
 
     engine = CosyVoiceVcEngine(model)
-    engine.close = lambda: (engine.shutdown(), release(settings))  # type: ignore[method-assign]
+
+    def close() -> None:
+        engine.shutdown()
+        release(settings)
+
+    engine.close = close  # type: ignore[method-assign]
     return engine
 
 

@@ -97,7 +97,7 @@ def _install_matcha_utils_stub() -> None:
     utils.pylogger = pylogger  # type: ignore[attr-defined]
     sys.modules["matcha.utils"] = utils
     sys.modules["matcha.utils.pylogger"] = pylogger
-    matcha.utils = utils
+    matcha.utils = utils  # type: ignore[attr-defined]
 
 
 def _import_package_from(name: str, directory: Path) -> None:

@@ -57,6 +57,7 @@ class SpeakPipeline(Pipeline):
     """Speaks queued text on the session's output and stops the moment it is told to."""
 
     engine: SpeakEngine[Any]
+    stages: SpeakStages
 
     def __init__(
         self,
