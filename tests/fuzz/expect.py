@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from media.audio.languages import foreign_scripts
 from server.sessions.control import MAX_ID_CHARS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS, MESSAGE_TYPES
 
 JSON_TYPE = "application/json"
@@ -193,6 +194,14 @@ def command_violations(payload: Any) -> set[str]:
         elif len(text) > MAX_TEXT_CHARS:
             broken.add("text_too_long")
     return broken
+
+
+PIPER_LANGUAGES = ("en",)
+
+
+def foreign_to_the_voice(text: str, languages: tuple[str, ...] = PIPER_LANGUAGES) -> bool:
+    """Whether a well-formed speak text is refused as ``unsupported_language``."""
+    return bool(foreign_scripts(text, languages))
 
 
 def message_violations(raw: str | bytes) -> set[str]:
