@@ -46,6 +46,7 @@ class ReceiveStats:
     concealed: int = 0
     recovered_fec: int = 0
     skipped: int = 0
+    over_real_time: int = 0  # packets beyond real time, dropped before decoding
     margin_ms: float = 0.0
     jitter_ms: float = 0.0
 

@@ -12,7 +12,9 @@ concealment and queues the frames without bound. This path instead:
 - adapts ``margin`` to the reordering it measures: a packet that arrives after its slot was
   concealed raises the margin to cover that lateness, and quiet periods let it decay;
 - drops packets that arrive too late or twice (counted), so delay never accumulates;
-- decodes inline (tens of microseconds) straight to float32 mono, with no thread hop.
+- decodes inline (tens of microseconds) straight to float32 mono, with no thread hop;
+- drops, undecoded, media a sender delivers beyond real time plus a burst allowance
+  (counted as ``over_real_time``): a caller cannot buy more than real time.
 
 ``AudioReceivePath.add`` has the signature of aiortc's ``JitterBuffer.add``, so
 ``media.rtc.compat.install_receive_path`` can put it in an ``RTCRtpReceiver`` in place of the
@@ -42,8 +44,34 @@ MARGIN_HEADROOM_S = 0.002
 MARGIN_DECAY_PER_S = 0.002  # margin shrinks by 2 ms per second without late packets
 REMEMBERED_CONCEALMENTS = 64
 JITTER_GAIN = 1 / 16  # RFC 3550 interarrival jitter filter
+# Media a sender may deliver beyond real time, as a burst: what a network that held packets
+# (a Wi-Fi stall of up to ~300 ms, then a flush) releases at once, with room to spare.
+BURST_ALLOWANCE_S = 0.5
 
 FrameSink = Callable[[np.ndarray], None]
+
+
+class RealTimeBudget:
+    """How much media a sender may still deliver: real time, plus a burst allowance.
+
+    A caller cannot buy more than real time: media beyond it would cost decode and engine
+    time that other sessions need, and grow this session's latency. The budget fills at
+    one second per second up to ``allowance_s``; each packet spends its duration.
+    """
+
+    def __init__(self, allowance_s: float, now: float) -> None:
+        self._allowance = allowance_s
+        self._available = allowance_s
+        self._updated = now
+
+    def spend(self, seconds: float, now: float) -> bool:
+        elapsed = max(0.0, now - self._updated)
+        self._available = min(self._allowance, self._available + elapsed)
+        self._updated = now
+        if self._available < seconds:
+            return False
+        self._available -= seconds
+        return True
 
 
 def _seq_delta(a: int, b: int) -> int:
@@ -84,6 +112,7 @@ class AudioReceivePath:
         self._timer: Any = None
         self._transit: float | None = None
         self._closed = False
+        self._budget = RealTimeBudget(BURST_ALLOWANCE_S, self._clock())
         self.stats = ReceiveStats()
         # When the packet behind the frame being handed to the sink arrived (for a concealed
         # frame: the packet after the gap, whose arrival started the wait). The sink reads it.
@@ -120,6 +149,11 @@ class AudioReceivePath:
         if seq in self._pending:
             self.stats.duplicates += 1
             return
+        if payload and not self._budget.spend(self._frame_samples / RTC_RATE, now):
+            # Beyond real time: it keeps its place in the sequence (no gap to conceal) but
+            # is never decoded.
+            self.stats.over_real_time += 1
+            payload = b""
         self._pending[seq] = _Pending(timestamp, payload, now)
         self._release(now)
 

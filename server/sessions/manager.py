@@ -60,18 +60,22 @@ FEC_EXPECTED_LOSS_PERCENT = 0  # LBRR costs bits only once loss is expected
 MEDIA_CHECKS_PER_TIMEOUT = 5  # how finely the RTP-inactivity watch samples
 
 
-def opus_encoder_for(offer: OpusParameters, codec: CodecRequest) -> OpusEncoder:
+def opus_encoder_for(
+    offer: OpusParameters, codec: CodecRequest, complexity: int = 4
+) -> OpusEncoder:
     """The session's encoder: the client's requested settings, capped by its SDP."""
     bitrate = codec.bitrate or DEFAULT_BITRATE
     if offer.max_average_bitrate:
         bitrate = min(bitrate, offer.max_average_bitrate)
-    return OpusEncoder(
+    encoder = OpusEncoder(
         channels=1,
         application=Application[codec.application.upper()],
         bitrate=bitrate,
         fec=offer.inband_fec,
         expected_loss_percent=FEC_EXPECTED_LOSS_PERCENT,
     )
+    encoder.set_complexity(complexity)
+    return encoder
 
 
 def new_session_id(prefix: str = "") -> str:
@@ -200,7 +204,9 @@ class SessionManager:
         self, request: OfferRequest, engine: Engine[Any], options: dict[str, Any]
     ) -> OfferAnswer:
         session_id = new_session_id(self._id_prefix)
-        encoder = opus_encoder_for(request.summary.opus, request.codec)
+        encoder = opus_encoder_for(
+            request.summary.opus, request.codec, self._settings.opus_complexity
+        )
         events = EventHub()
         emit = self._event_sink(engine.name, events)
         pipeline = await create_pipeline(

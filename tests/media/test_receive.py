@@ -24,6 +24,7 @@ from aiortc.rtp import RtpPacket
 from media.audio.opus import Application, OpusDecoder, OpusEncoder, OpusError, packet_has_fec
 from media.rtc.compat import install_receive_path as install
 from media.rtc.receive import (
+    BURST_ALLOWANCE_S,
     MAX_CONCEALED_FRAMES,
     MAX_MARGIN_S,
     MAX_MISORDER,
@@ -235,6 +236,34 @@ class TestCleanLink:
         assert len(link.frames) == 9
         assert link.concealments == []
         assert link.path.stats.concealed == 0
+
+
+class TestRealTime:
+    def test_a_sender_five_times_faster_than_real_time_is_held_to_real_time(
+        self, plain: list[bytes]
+    ):
+        """Tried as a new user would: a peer sending 5x real time to denoise raised another
+        caller's RTT; what is beyond real time (plus a burst) is now dropped undecoded."""
+        link = Link(plain)
+        for k in range(500):  # 10 s of media in 2 s
+            link.send(k, at=k * SLOT / 5)
+        stats = link.path.stats
+        allowed = (2.0 + BURST_ALLOWANCE_S) / SLOT
+        assert len(link.decoder.decoded) <= allowed + 1
+        assert stats.over_real_time == 500 - len(link.decoder.decoded)
+        assert stats.over_real_time >= 500 - allowed - 1
+        assert link.concealments == []  # a dropped packet holds its place: no gap to fill
+        assert len(link.frames) == len(link.decoder.decoded)
+
+    def test_a_network_burst_after_a_stall_is_not_cut(self, plain: list[bytes]):
+        """A link that holds 300 ms of packets and then releases them together loses none."""
+        link = Link(plain)
+        link.send_all(range(50))
+        for k in range(50, 65):  # 15 packets held, delivered at once
+            link.send(k, at=65 * SLOT)
+        link.send_all(range(65, 100))
+        assert link.path.stats.over_real_time == 0
+        assert link.decoder.decoded == list(range(100))
 
 
 class TestReordering:

@@ -60,6 +60,7 @@ ENV_VALUES = {
     "COSYRTC_ANNOUNCE_IP": "203.0.113.7",
     "COSYRTC_RTP_PORT_RANGE": "40000-40099",
     "COSYRTC_LOG_FORMAT": "json",
+    "COSYRTC_OPUS_COMPLEXITY": "9",
     "COSYRTC_ENGINES": "echo, piper",
     "COSYRTC_ENGINE_COSYVOICE_DEVICE": "cuda",
 }
@@ -97,6 +98,7 @@ EXPECTED = Settings(
     announce_ip="203.0.113.7",
     rtp_port_range=(40000, 40099),
     log_format="json",
+    opus_complexity=9,
     engines=("echo", "piper"),
     engine_settings=(("cosyvoice", "device", "cuda"),),
 )
@@ -154,6 +156,7 @@ def test_every_flag_sets_its_setting():
         "--announce-ip=203.0.113.7",
         "--rtp-port-range=40000-40099",
         "--log-format=json",
+        "--opus-complexity=9",
         "--engines",
         "echo",
         "piper",
@@ -232,6 +235,8 @@ def test_ice_host_variable_separators(value: str):
         (["--rtp-port-range", "50000-40000"], "--rtp-port-range"),
         (["--rtp-port-range", "80-90"], "--rtp-port-range"),
         (["--log-format", "xml"], "--log-format"),
+        (["--opus-complexity", "11"], "--opus-complexity"),
+        (["--opus-complexity", "-1"], "--opus-complexity"),
         (["--cors-origin", "https://app.example/"], "--cors-origin"),
         (["--cors-origin", "app.example"], "--cors-origin"),
         (["--cors-origin", "ftp://app.example"], "--cors-origin"),
