@@ -1,55 +1,125 @@
-"""One session's engine calls, one at a time and in order, on the process's shared threads.
+"""Where engine calls run: the process's engine threads, shared fairly by every session.
 
-An engine state is touched by one thread at a time: a transform's chunks, a speech
-synthesis, a voice prompt upload and a state reset after an error all reach the engine
-through the session's :class:`SerialExecutor`, so none can overlap another. The threads
-themselves are the process's pool (``--engine-threads``): sessions do not get threads of
-their own, they get a queue.
+Two rules, each with its own class:
+
+- A state is touched by one thread at a time. A transform's chunks, a synthesis step, a
+  voice prompt upload and a state reset after an error all reach the engine through the
+  session's :class:`SerialExecutor`, so none can overlap another.
+- The threads go to whatever matters most first. :class:`PriorityPool` runs, whenever a
+  thread is free, the most urgent call waiting across all sessions: a synthesis that has not
+  produced its first audio yet comes before later chunks of other utterances, so a caller's
+  first audio waits for other callers' first chunks, not for their whole sentences. Among
+  calls of equal urgency, the oldest goes first. A session's calls go out one at a time (a
+  thread is given back between two of them), so no session keeps a thread to itself.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
+URGENT = 0  # a first chunk: someone is waiting to hear anything at all
+NORMAL = 1  # everything else
 
-class SerialExecutor(Executor):
-    """Runs what is submitted to it in submission order, never two things at once."""
 
-    def __init__(self, pool: Executor) -> None:
-        self._pool = pool
+class PriorityPool(Executor):
+    """A fixed set of threads running the most urgent waiting call first."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str = "engine") -> None:
+        self._threads = ThreadPoolExecutor(max_workers, thread_name_prefix=thread_name_prefix)
         self._lock = threading.Lock()
-        self._queue: deque[tuple[Future[Any], Callable[[], Any]]] = deque()
-        self._running = False
+        self._waiting: list[tuple[int, int, Callable[[], None]]] = []
+        self._order = itertools.count()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
-        future: Future[T] = Future()
-        with self._lock:
-            self._queue.append((future, lambda: fn(*args, **kwargs)))
-            start, self._running = not self._running, True
-        if start:
-            self._pool.submit(self._drain)
-        return future
+        return self.submit_at(NORMAL, fn, *args, **kwargs)
 
-    def _drain(self) -> None:
-        """Runs on a pool thread: the queued calls, until none is left."""
-        while True:
-            with self._lock:
-                if not self._queue:
-                    self._running = False
-                    return
-                future, call = self._queue.popleft()
+    def submit_at(
+        self, priority: int, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Future[T]:
+        """Run ``fn`` when a thread is free and nothing more urgent (lower) is waiting."""
+        future: Future[T] = Future()
+
+        def call() -> None:
             if not future.set_running_or_notify_cancel():
-                continue
+                return
             try:
-                result = call()
+                result = fn(*args, **kwargs)
             except BaseException as exc:  # handed to whoever waits on the future
                 future.set_exception(exc)
             else:
                 future.set_result(result)
+
+        with self._lock:
+            heapq.heappush(self._waiting, (priority, next(self._order), call))
+        # One thread task per waiting call: which call a task runs is decided when it runs.
+        self._threads.submit(self._run_most_urgent)
+        return future
+
+    def _run_most_urgent(self) -> None:
+        with self._lock:
+            _, _, call = heapq.heappop(self._waiting)
+        call()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._threads.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+class SerialExecutor(Executor):
+    """One session's engine calls: in submission order, never two at once.
+
+    Each call goes to the shared pool only when the previous one has finished, at its own
+    priority, so other sessions' calls interleave with this session's.
+    """
+
+    def __init__(self, pool: Executor) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[int, Future[Any], Callable[[], Any]]] = deque()
+        self._running = False
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        return self.submit_at(NORMAL, fn, *args, **kwargs)
+
+    def submit_at(
+        self, priority: int, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            self._queue.append((priority, future, lambda: fn(*args, **kwargs)))
+            start, self._running = not self._running, True
+        if start:
+            self._dispatch_next()
+        return future
+
+    def _dispatch_next(self) -> None:
+        with self._lock:
+            if not self._queue:
+                self._running = False
+                return
+            priority, future, call = self._queue.popleft()
+        if isinstance(self._pool, PriorityPool):
+            self._pool.submit_at(priority, self._run, future, call)
+        else:
+            self._pool.submit(self._run, future, call)
+
+    def _run(self, future: Future[Any], call: Callable[[], Any]) -> None:
+        """Runs on a pool thread: one call, then the next one is sent to the pool."""
+        try:
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = call()
+                except BaseException as exc:  # handed to whoever waits on the future
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+        finally:
+            self._dispatch_next()

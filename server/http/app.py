@@ -1,18 +1,19 @@
 """The aiohttp application: signaling routes, the page, health, and the process resources.
 
 ``Server`` owns what lives as long as the process: the engine registry (models loaded
-once), the thread pool that runs engine calls off the event loop, and the session manager.
+once), the engine threads that run engine calls off the event loop (most urgent call
+first: ``media.pipeline.executor``), and the session manager.
 """
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
 from media.audio.vad import SileroVad, VadUnavailable
 from media.engines.registry import EngineRegistry
+from media.pipeline.executor import PriorityPool
 from media.rtc.compat import (
     accept_rsa_dtls_peers,
     announce_host_address,
@@ -41,9 +42,7 @@ class Server:
     def __init__(self, settings: Settings, registry: EngineRegistry, id_prefix: str = "") -> None:
         self.settings = settings
         self.registry = registry
-        self.executor = ThreadPoolExecutor(
-            max_workers=settings.engine_threads, thread_name_prefix="engine"
-        )
+        self.executor = PriorityPool(settings.engine_threads, thread_name_prefix="engine")
         self.sessions = SessionManager(
             settings, registry, self.executor, load_vad(), id_prefix=id_prefix
         )

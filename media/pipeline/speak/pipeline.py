@@ -158,7 +158,7 @@ class SpeakPipeline(Pipeline):
         return self.engine.new_state(self.options)
 
     def _accept(self, utterance: Utterance, chunk: np.ndarray, synthesis: float) -> None:
-        """On the loop: one synthesised chunk goes to the output, unless it is too late."""
+        """One synthesised chunk goes to the output, unless it is too late."""
         if self._synthesis.cancel.is_set() or utterance.finished or self._closed:
             return
         samples, resample = timed_resample(self._to_output, np.asarray(chunk, dtype=np.float32))

@@ -1,10 +1,13 @@
-"""The bridge between the event loop and a synthesis running in a worker thread.
+"""The bridge between the event loop and a synthesis running on the engine threads.
 
-``engine.synthesize`` is a blocking generator: it runs on the session's engine queue, and
-each chunk it yields is handed to the loop as it comes (``call_soon_threadsafe``). The
-thread pauses once ``room`` is cleared (the output holds enough speech ahead) and stops at
-the next chunk once ``cancel`` is set (an interrupt), so an interrupted utterance stops
-costing CPU within one chunk.
+``engine.synthesize`` is a blocking generator. It is driven one chunk at a time: each
+``next()`` is one call on the session's engine queue, at URGENT priority until the
+utterance has produced audio and NORMAL after that, so with many callers every caller's
+first chunk is made before anyone's later chunks, and a thread is given back between
+chunks. Chunks reach the output on the loop as they come. Synthesis pauses while ``room``
+is clear (the output holds enough speech ahead) and stops at the next chunk once
+``cancel`` is set (an interrupt): an interrupted utterance stops costing CPU within one
+chunk.
 """
 
 from __future__ import annotations
@@ -13,16 +16,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
 
 from media.engines.base import SpeakEngine
+from media.pipeline.executor import NORMAL, URGENT, SerialExecutor
 from media.pipeline.speak.stats import SpeakStats
 from media.pipeline.speak.utterances import Utterance
-
-ROOM_CHECK_SECONDS = 0.5  # how often a paused synthesis looks for a cancel
 
 ChunkSink = Callable[[Utterance, np.ndarray, float], None]  # utterance, chunk, engine seconds
 
@@ -33,7 +34,7 @@ class SynthesisBridge:
     def __init__(
         self,
         engine: SpeakEngine[Any],
-        engine_calls: Executor,
+        engine_calls: SerialExecutor,
         stats: SpeakStats,
         accept: ChunkSink,
     ) -> None:
@@ -41,8 +42,8 @@ class SynthesisBridge:
         self._engine_calls = engine_calls
         self._stats = stats
         self._accept = accept
-        self.cancel = threading.Event()
-        self.room = threading.Event()
+        self.cancel = threading.Event()  # read by the engine between its model runs
+        self.room = asyncio.Event()
         self.room.set()
 
     async def speak(self, utterance: Utterance, state: Any) -> None:
@@ -53,39 +54,21 @@ class SynthesisBridge:
         """
         loop = asyncio.get_running_loop()
         if utterance.streamed and self._engine.capabilities.incremental_text:
-            await loop.run_in_executor(
-                self._engine_calls, self._synthesise_streamed, loop, utterance, state
+            self._stats.sentences += 1
+            pieces = self._sentences_as_they_come(loop, utterance)
+            await self._stream(
+                utterance, lambda: self._engine.synthesize_pieces(state, pieces, self.cancel)
             )
             return
         while not self.cancel.is_set():
             sentence = await utterance.next_sentence()
             if sentence is None or self.cancel.is_set():
                 return
-            await loop.run_in_executor(
-                self._engine_calls, self._synthesise_sentence, loop, utterance, state, sentence
-            )
+            self._stats.sentences += 1
+            await self._stream(utterance, self._sentence_synthesis(state, sentence))
 
-    def _synthesise_sentence(
-        self, loop: asyncio.AbstractEventLoop, utterance: Utterance, state: Any, sentence: str
-    ) -> None:
-        """Runs in a worker thread: one sentence, chunk by chunk."""
-        self._stats.sentences += 1
-        chunks = self._engine.synthesize(state, sentence, self.cancel)
-        self._stream_chunks(loop, utterance, chunks)
-
-    def _synthesise_streamed(
-        self, loop: asyncio.AbstractEventLoop, utterance: Utterance, state: Any
-    ) -> None:
-        """Runs in a worker thread: a streamed utterance in one model context.
-
-        The thread waits for text as well as for the model, so only engines that read text
-        incrementally take this path; others get one sentence at a time.
-        """
-        sentences = self._sentences_as_they_come(loop, utterance)
-        self._stats.sentences += 1
-        self._stream_chunks(
-            loop, utterance, self._engine.synthesize_pieces(state, sentences, self.cancel)
-        )
+    def _sentence_synthesis(self, state: Any, sentence: str) -> Callable[[], Iterator[np.ndarray]]:
+        return lambda: self._engine.synthesize(state, sentence, self.cancel)
 
     def _sentences_as_they_come(
         self, loop: asyncio.AbstractEventLoop, utterance: Utterance
@@ -97,24 +80,41 @@ class SynthesisBridge:
                 return
             yield sentence
 
-    def _stream_chunks(
-        self, loop: asyncio.AbstractEventLoop, utterance: Utterance, chunks: Iterator[np.ndarray]
+    async def _stream(
+        self, utterance: Utterance, start: Callable[[], Iterator[np.ndarray]]
     ) -> None:
-        """Hand chunks to the loop as they come, pausing when far ahead; stop on cancel."""
-        while True:
+        """Drive the synthesis ``start`` makes, a chunk per engine call, pausing when far
+        ahead; stop on cancel. The iterator is made and closed on the engine queue too."""
+        chunks: list[Iterator[np.ndarray]] = []
+
+        def step() -> tuple[np.ndarray | None, float]:
             began = time.perf_counter()
-            chunk = next(chunks, None)
-            spent = time.perf_counter() - began
-            self._stats.synthesis_seconds += spent
-            if chunk is None or self.cancel.is_set():
-                return
-            self._stats.synthesised_seconds += len(chunk) / self._engine.sample_rate
-            loop.call_soon_threadsafe(self._accept, utterance, chunk, spent)
-            while not self.room.wait(timeout=ROOM_CHECK_SECONDS):
+            if not chunks:
+                chunks.append(iter(start()))
+            chunk = next(chunks[0], None)
+            return chunk, time.perf_counter() - began
+
+        try:
+            while True:
+                priority = URGENT if utterance.start is None else NORMAL
+                chunk, spent = await asyncio.wrap_future(
+                    self._engine_calls.submit_at(priority, step)
+                )
+                self._stats.synthesis_seconds += spent
+                if chunk is None or self.cancel.is_set():
+                    return
+                self._stats.synthesised_seconds += len(chunk) / self._engine.sample_rate
+                self._accept(utterance, chunk, spent)
+                while not self.room.is_set() and not self.cancel.is_set():
+                    await self.room.wait()
                 if self.cancel.is_set():
                     return
+        finally:
+            closer = getattr(chunks[0], "close", None) if chunks else None
+            if closer is not None:  # a generator left mid-way: its cleanup runs off the loop
+                self._engine_calls.submit(closer)
 
     def stop(self) -> None:
-        """Cancel what runs and wake a thread waiting for room, so it sees the cancel."""
+        """Cancel what runs and wake a synthesis waiting for room, so it sees the cancel."""
         self.cancel.set()
         self.room.set()
