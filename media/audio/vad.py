@@ -24,7 +24,7 @@ import enum
 import importlib.util
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,6 +160,81 @@ class SileroVad:
         state.rnn = np.zeros(STATE_SHAPE, np.float32)
         state.buffer[:] = 0.0
         state.filled = 0
+
+
+class WindowCutter:
+    """One stream's 48 kHz audio as whole 16 kHz model windows, for the batched model."""
+
+    def __init__(self) -> None:
+        self._resampler = StreamResampler(INPUT_RATE, MODEL_RATE)
+        self._buffer = np.zeros(WINDOW, np.float32)
+        self._filled = 0
+
+    def cut(self, chunk: np.ndarray) -> list[np.ndarray]:
+        """The windows ``chunk`` completes (often none, sometimes one, rarely two)."""
+        samples = self._resampler.process(np.ascontiguousarray(chunk, dtype=np.float32))
+        windows: list[np.ndarray] = []
+        start = 0
+        while start < samples.size:
+            take = min(WINDOW - self._filled, samples.size - start)
+            self._buffer[self._filled : self._filled + take] = samples[start : start + take]
+            self._filled += take
+            start += take
+            if self._filled == WINDOW:
+                windows.append(self._buffer.copy())
+                self._filled = 0
+        return windows
+
+
+class BatchedVad:
+    """Silero VAD for many streams at once: each stream's recurrent state and context in a
+    slot of batch arrays, one model call for a window of every stream that has one.
+
+    The model's batch axis is free (the recurrent state is (2, batch, 128)), so a step is
+    the single-stream call with rows stacked: ~32 us per stream at batch 32 against ~70 us
+    alone on this machine. The caller runs one ``process`` at a time (the tick scheduler
+    does) and opens, resets or closes slots between steps.
+    """
+
+    hop = WINDOW
+
+    def __init__(self, session: ort.InferenceSession | None = None, capacity: int = 16) -> None:
+        self._session = session if session is not None else shared_session()
+        self._rate = np.array(MODEL_RATE, dtype=np.int64)
+        self._rnn = np.zeros((2, capacity, 128), np.float32)
+        self._context = np.zeros((capacity, CONTEXT), np.float32)
+        self._free = list(range(capacity - 1, -1, -1))
+
+    def open_slot(self) -> int:
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
+        self.reset_slot(slot)
+        return slot
+
+    def reset_slot(self, slot: int) -> None:
+        self._rnn[:, slot] = 0.0
+        self._context[slot] = 0.0
+
+    def close_slot(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def _grow(self) -> None:
+        size = self._context.shape[0]
+        self._rnn = np.concatenate([self._rnn, np.zeros_like(self._rnn)], axis=1)
+        self._context = np.concatenate([self._context, np.zeros_like(self._context)])
+        self._free.extend(range(2 * size - 1, size - 1, -1))
+
+    def process(self, slots: Sequence[int], windows: np.ndarray) -> np.ndarray:
+        """One window per listed stream ([n, 512] at 16 kHz) -> their probabilities ([n, 1])."""
+        rows = np.asarray(slots)
+        batch = np.concatenate([self._context[rows], windows], axis=1)
+        out, rnn = self._session.run(
+            None, {"input": batch, "state": self._rnn[:, rows], "sr": self._rate}
+        )
+        self._rnn[:, rows] = rnn
+        self._context[rows] = windows[:, -CONTEXT:]
+        return np.asarray(out, np.float32).reshape(len(rows), 1)
 
 
 class SpeechEventKind(enum.StrEnum):

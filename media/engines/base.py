@@ -16,6 +16,7 @@ import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -199,6 +200,23 @@ class TransformEngine(Engine[StateT]):
         """Replace a state after an error: the session survives, the stream gets a short gap."""
         self.close_state(state)
         return self.new_state(options)
+
+
+class BatchedTransformEngine(TransformEngine[StateT]):
+    """A transform whose sessions share one model call per hop (``capabilities.batched``).
+
+    ``submit`` hands a chunk to the engine's tick scheduler (``media.engines.batching``)
+    and returns at once; the future gets the output when the chunk's hops have run in
+    batched steps with other sessions'. Nothing blocks a thread per session while it waits.
+    ``process`` is the plain protocol on top of it, for callers outside a pipeline: it waits.
+    """
+
+    @abstractmethod
+    def submit(self, state: StateT, chunk: np.ndarray) -> Future[np.ndarray]:
+        """Queue ``chunk`` (float32 mono); the future gets the audio ready so far."""
+
+    def process(self, state: StateT, chunk: np.ndarray) -> tuple[np.ndarray, StateT]:
+        return self.submit(state, chunk).result(), state
 
 
 class SpeakEngine(Engine[StateT]):

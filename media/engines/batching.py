@@ -98,6 +98,9 @@ class TickScheduler:
         self._waiting: deque[_Job] = deque()
         self._live: set[int] = set()
         self._closed = False
+        # Held while the model runs a step; slot changes (open, reset, close) take it too,
+        # so the model never sees one beside a step.
+        self.model_lock = threading.Lock()
         self.stats = SchedulerStats()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -192,7 +195,8 @@ class TickScheduler:
                 break
             hops = np.stack([job.hops[job.next_index] for job in step])
             try:
-                out = self._model.process([job.slot for job in step], hops)
+                with self.model_lock:
+                    out = self._model.process([job.slot for job in step], hops)
             except Exception as exc:  # every session in the step learns of it
                 log.exception("batched step of %d streams failed", len(step))
                 for job in step:

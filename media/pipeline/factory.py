@@ -7,10 +7,10 @@ from concurrent.futures import Executor
 from typing import Any
 
 from media.audio.opus import OpusEncoder
-from media.audio.vad import SileroVad
 from media.engines.base import Engine, SpeakEngine, TransformEngine
 from media.pipeline.base import Pipeline
 from media.pipeline.events import EventSink
+from media.pipeline.shared_vad import SharedVad
 from media.pipeline.speak import SpeakPipeline
 from media.pipeline.transform import TransformPipeline
 
@@ -22,7 +22,7 @@ async def create_pipeline(
     encoder: OpusEncoder,
     emit: EventSink,
     session_id: str,
-    vad: SileroVad | None = None,
+    vad: SharedVad | None = None,
 ) -> Pipeline:
     """A ready pipeline for one session of ``engine`` (its state made off the loop)."""
     if isinstance(engine, SpeakEngine):

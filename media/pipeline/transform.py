@@ -2,7 +2,8 @@
 
     transport input (RTP: reorder, conceal, decode to float32 mono) -> feed()
       -> resample to the engine rate -> DropOldestQueue
-      -> engine worker (the session's serial queue on the pool, or inline for trivial engines)
+      -> engine worker: the session's serial queue on the pool, inline for trivial engines,
+         or the engine's tick scheduler for batched ones (one model call for all sessions)
       -> resample to 48 kHz -> OutboundAudio (ring buffer, pacer, Opus) -> transport
 
 Frames enter synchronously from the receive path, so the only place backlog can build is
@@ -26,7 +27,7 @@ from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.opus import OpusEncoder
 from media.audio.queues import DropOldestQueue
 from media.audio.resample import StreamResampler
-from media.engines.base import TransformEngine
+from media.engines.base import BatchedTransformEngine, TransformEngine
 from media.pipeline.base import Pipeline, PipelineCounters
 from media.pipeline.events import ENGINE_FAILED, EventSink
 from media.pipeline.latency import InToOutMeter
@@ -162,7 +163,10 @@ class TransformPipeline(Pipeline):
             chunk = await self._input_queue.get()
             self.stages.dequeued(self._clock())
             try:
-                if self.engine.runs_inline:
+                if isinstance(self.engine, BatchedTransformEngine):
+                    # The engine's scheduler thread runs it with other sessions' hops.
+                    out = await asyncio.wrap_future(self.engine.submit(self._state, chunk))
+                elif self.engine.runs_inline:
                     out, self._state = self.engine.process(self._state, chunk)
                 else:
                     self._inflight = self._engine_calls.submit(

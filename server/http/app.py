@@ -11,9 +11,10 @@ import logging
 
 from aiohttp import web
 
-from media.audio.vad import SileroVad, VadUnavailable
+from media.audio.vad import VadUnavailable
 from media.engines.registry import EngineRegistry
 from media.pipeline.executor import PriorityPool
+from media.pipeline.shared_vad import SharedVad
 from media.rtc.compat import (
     accept_rsa_dtls_peers,
     announce_host_address,
@@ -43,19 +44,22 @@ class Server:
         self.settings = settings
         self.registry = registry
         self.executor = PriorityPool(settings.engine_threads, thread_name_prefix="engine")
+        self.vad = load_vad()
         self.sessions = SessionManager(
-            settings, registry, self.executor, load_vad(), id_prefix=id_prefix
+            settings, registry, self.executor, self.vad, id_prefix=id_prefix
         )
 
     async def close(self) -> None:
         await self.sessions.close_all()
+        if self.vad is not None:
+            self.vad.close()
         self.executor.shutdown(wait=True)
 
 
-def load_vad() -> SileroVad | None:
+def load_vad() -> SharedVad | None:
     """The shared voice activity detector for barge-in, or None (logged) when missing."""
     try:
-        return SileroVad()
+        return SharedVad()
     except VadUnavailable as exc:
         log.warning("barge-in disabled: %s", exc)
         return None

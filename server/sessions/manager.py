@@ -24,7 +24,6 @@ from typing import Any
 
 from media.audio.languages import foreign_scripts
 from media.audio.opus import Application, OpusEncoder
-from media.audio.vad import SileroVad
 from media.engines.base import (
     Engine,
     EngineKind,
@@ -36,6 +35,7 @@ from media.engines.base import (
 from media.engines.registry import EngineRegistry, UnknownEngine
 from media.pipeline.events import ENGINE_FAILURES, Event, EventSink
 from media.pipeline.factory import create_pipeline
+from media.pipeline.shared_vad import SharedVad
 from media.rtc.connection import OfferRejected, RtcConnection, UnknownMid
 from media.rtc.ice import NoMediaPorts
 from server.config import Settings
@@ -95,7 +95,7 @@ class SessionManager:
         settings: Settings,
         registry: EngineRegistry,
         executor: Executor,
-        vad: SileroVad | None = None,
+        vad: SharedVad | None = None,
         id_prefix: str = "",
     ) -> None:
         self._settings = settings

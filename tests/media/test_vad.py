@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,12 +13,15 @@ from media.audio.vad import (
     START_MS,
     STOP_MS,
     WINDOW_MS,
+    BatchedVad,
     SileroVad,
     SpeechDetector,
     SpeechEvent,
     SpeechEventKind,
+    WindowCutter,
     model_path,
 )
+from media.pipeline.shared_vad import SharedVad
 from peer.speech import SpeechFixture, add_white_noise
 
 RATE = 48_000
@@ -171,3 +175,56 @@ def test_detector_hysteresis() -> None:
 def test_detector_rejects_inverted_thresholds() -> None:
     with pytest.raises(ValueError):
         SpeechDetector(start_threshold=0.3, stop_threshold=0.5)
+
+
+def test_the_batched_model_scores_every_stream_as_the_single_one_does(
+    vad: SileroVad, speech: SpeechFixture
+) -> None:
+    """Many streams in one call (different audio each) score bit for bit as alone."""
+    streams = [speech.clean, 0.5 * speech.clean, np.zeros_like(speech.clean)]
+    alone = []
+    for audio in streams:
+        state = vad.new_state()
+        alone.append(
+            [p for i in range(0, len(audio), 960) for p in vad.process(state, audio[i : i + 960])]
+        )
+    model = BatchedVad(capacity=2)  # grows to hold the third
+    slots = [model.open_slot() for _ in streams]
+    cutters = [WindowCutter() for _ in streams]
+    windows = [
+        [w for i in range(0, len(a), 960) for w in cutter.cut(a[i : i + 960])]
+        for a, cutter in zip(streams, cutters, strict=True)
+    ]
+    together = np.stack(
+        [
+            model.process(slots, np.stack([w[k] for w in windows])).ravel()
+            for k in range(len(windows[0]))
+        ]
+    )
+    for index, expected in enumerate(alone):
+        np.testing.assert_array_equal(together[:, index], np.asarray(expected, np.float32))
+
+
+def test_a_reset_slot_starts_fresh_and_leaves_the_others_alone(speech: SpeechFixture) -> None:
+    model = BatchedVad(capacity=4)
+    a, b = model.open_slot(), model.open_slot()
+    cutter = WindowCutter()
+    windows = [w for i in range(0, 48_000, 960) for w in cutter.cut(speech.clean[i : i + 960])]
+    first = [model.process([a, b], np.stack([w, w])) for w in windows]
+    model.reset_slot(a)
+    again = [model.process([a], np.stack([w])) for w in windows]
+    np.testing.assert_array_equal(np.concatenate(again), np.concatenate([f[:1] for f in first]))
+
+
+async def test_the_shared_vad_scores_sessions_together_in_one_step(speech: SpeechFixture):
+    shared = SharedVad()
+    try:
+        streams = [shared.open() for _ in range(4)]
+        chunk = speech.clean[48_000 : 48_000 + 4 * 960]
+        results = await asyncio.gather(*(s.probabilities([chunk]) for s in streams))
+        assert shared._scheduler.stats.largest_batch == 4
+        assert all(r == results[0] for r in results)
+        for stream in streams:
+            stream.close()
+    finally:
+        shared.close()

@@ -1,7 +1,8 @@
 """Barge-in: hear the caller start talking over our own voice, and not over its echo.
 
-The caller's audio goes through an echo canceller whose reference is what we sent, then
-Silero VAD, off the event loop, a batch of queued frames per call. Two guards, measured on
+The caller's audio goes through an echo canceller whose reference is what we sent (off
+the event loop, a batch of queued frames per call), then Silero VAD, batched across the
+worker's speak sessions (``media.pipeline.shared_vad``). Two guards, measured on
 simulated loudspeaker calls:
 
 - residual echo: while the canceller converges (or re-converges after the echo path moves)
@@ -25,7 +26,8 @@ import numpy as np
 
 from media.audio.aec import EchoCanceller
 from media.audio.queues import DropOldestQueue
-from media.audio.vad import SileroVad, SpeechDetector, SpeechEventKind
+from media.audio.vad import SpeechDetector, SpeechEventKind
+from media.pipeline.shared_vad import VadStream
 from media.pipeline.speak.stats import SpeakStats
 
 LISTEN_QUEUE_FRAMES = 25  # caller audio waiting for the echo canceller and VAD, at most
@@ -42,9 +44,8 @@ def _level_db(samples: np.ndarray) -> float:
 class BargeInListener:
     """One session's ears: our output as the echo reference, the caller's input to judge."""
 
-    def __init__(self, vad: SileroVad, executor: Executor, stats: SpeakStats) -> None:
+    def __init__(self, vad: VadStream, executor: Executor, stats: SpeakStats) -> None:
         self._vad = vad
-        self._vad_state = vad.new_state()
         self._executor = executor
         self._stats = stats
         self._detector = SpeechDetector()
@@ -67,18 +68,32 @@ class BargeInListener:
             self._stats.listen_dropped += 1
 
     async def listen(self, on_speech: Callable[[], None]) -> None:
-        """Call ``on_speech`` each time the caller starts talking; runs until cancelled."""
+        """Call ``on_speech`` each time the caller starts talking; runs until cancelled.
+
+        The echo canceller runs off the loop, a batch of queued frames per call; the VAD
+        scores what it leaves in the worker's shared batched model.
+        """
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self._heard.get()]
             while len(self._heard):
                 batch.append(await self._heard.get())
-            if await loop.run_in_executor(self._executor, self._detect_speech, batch):
+            frames = await loop.run_in_executor(self._executor, self._cancel_echo, batch)
+            if not frames:
+                continue
+            scores = await self._vad.probabilities([samples for samples, _ in frames])
+            started = False
+            for (_, gated), probabilities in zip(frames, scores, strict=True):
+                heard = [0.0] * len(probabilities) if gated else probabilities
+                for event in self._detector.update(heard):
+                    started |= event.kind is SpeechEventKind.START
+            if started:
                 on_speech()
 
-    def _detect_speech(self, batch: list[tuple[str, np.ndarray]]) -> bool:
-        """Runs in a worker thread; True when the caller started talking in this batch."""
-        started = False
+    def _cancel_echo(self, batch: list[tuple[str, np.ndarray]]) -> list[tuple[np.ndarray, bool]]:
+        """Runs in a worker thread: each caller frame as the VAD should hear it, and whether
+        the echo gate keeps it from counting."""
+        frames: list[tuple[np.ndarray, bool]] = []
         for kind, samples in batch:
             if kind == "render":
                 self._aec.render(samples)
@@ -87,16 +102,14 @@ class BargeInListener:
             cleaned = self._aec.capture(samples)
             loudest = self._loudest_reference()
             double_talk = _level_db(samples) >= loudest - DOUBLE_TALK_DB
-            probabilities = self._vad.process(self._vad_state, samples if double_talk else cleaned)
-            if not double_talk and _level_db(cleaned) < loudest - ECHO_GATE_DB:
-                probabilities = [0.0] * len(probabilities)
-            for event in self._detector.update(probabilities):
-                started |= event.kind is SpeechEventKind.START
-        return started
+            gated = not double_talk and _level_db(cleaned) < loudest - ECHO_GATE_DB
+            frames.append((samples if double_talk else cleaned, gated))
+        return frames
 
     def _loudest_reference(self) -> float:
         """Our loudest output frame within the echo window (silence when we said nothing)."""
         return max(self._reference_levels, default=SILENT_DB)
 
-    def clear(self) -> None:
+    def close(self) -> None:
         self._heard.clear()
+        self._vad.close()

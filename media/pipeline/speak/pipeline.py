@@ -23,11 +23,11 @@ from media.audio.frames import RTC_RATE
 from media.audio.languages import foreign_scripts
 from media.audio.opus import OpusEncoder
 from media.audio.resample import StreamResampler
-from media.audio.vad import SileroVad
 from media.engines.base import SpeakEngine
 from media.pipeline.base import Pipeline, PipelineCounters
 from media.pipeline.events import SYNTHESIS_FAILED, EventSink
 from media.pipeline.outbound import FADE_SECONDS, OutboundAudio
+from media.pipeline.shared_vad import SharedVad
 from media.pipeline.speak.bargein import BargeInListener
 from media.pipeline.speak.stats import SpeakStats
 from media.pipeline.speak.synthesis import SynthesisBridge
@@ -68,7 +68,7 @@ class SpeakPipeline(Pipeline):
         encoder: OpusEncoder,
         emit: EventSink,
         session_id: str = "",
-        vad: SileroVad | None = None,
+        vad: SharedVad | None = None,
     ) -> None:
         output = OutboundAudio(
             encoder, OUTPUT_BUFFER_SECONDS, max_backlog=None, on_frame=self._on_frame_sent
@@ -81,7 +81,9 @@ class SpeakPipeline(Pipeline):
         self._current: Utterance | None = None
         self._timeline = SpeechTimeline(emit, self._clock, self.stats, self.stages)
         self._synthesis = SynthesisBridge(engine, self._engine_calls, self.stats, self._accept)
-        self._listener = BargeInListener(vad, executor, self.stats) if vad is not None else None
+        self._listener = (
+            BargeInListener(vad.open(), executor, self.stats) if vad is not None else None
+        )
         self._interrupted_at: float | None = None
         # Interrupt to silence on the track, for the last interrupt: the time until the faded
         # frame left plus the fade itself (or until plain silence left, if nothing was queued).
@@ -281,6 +283,6 @@ class SpeakPipeline(Pipeline):
 
     def _release(self) -> None:
         if self._listener is not None:
-            self._listener.clear()
+            self._listener.close()
         self._utterances.clear()
         self._timeline.clear()
