@@ -1,0 +1,141 @@
+"""The target playout delay of one incoming stream, from when its packets arrive.
+
+A playout buffer must hold enough audio to cover the network's lateness, and no more, since
+every millisecond it holds is a millisecond of mouth-to-ear delay. libwebrtc's NetEq finds
+that amount from the packets themselves; this is the same design, with its time passed in
+(no clock inside, so a trace gives the same answer every time):
+
+- Each packet's *relative delay*: how much later it arrived than the earliest expectation,
+  the packet of the last ``WINDOW_S`` that arrived soonest relative to its media time
+  (``arrival - timestamp / clock_rate`` is smallest for it). Only differences of that
+  quantity matter, so the sender's and the receiver's clocks never need to agree.
+- A histogram of relative delays in ``BUCKET_S`` buckets up to ``HISTOGRAM_S`` with a
+  per-packet forgetting factor, so it describes the recent link; the target is the delay
+  below which ``quantile`` of that mass lies (the bucket's upper edge, so it covers them).
+- Fast attack: a packet later than the target raises the target to cover its own delay at
+  once, with the packet that showed it. A Wi-Fi stall that holds packets for 200 ms and then
+  releases them together would otherwise underrun the buffer many times before the
+  histogram noticed. Slow decay: that peak halves every ``peak_half_life`` seconds, and the
+  spike's weight in the histogram fades packet by packet, so some 2 to 3 s of calm bring
+  the target back to the calm level instead of snapping back before the next stall.
+- A floor (one frame: less cannot be played) and a ceiling (beyond it, waiting costs more
+  than the late audio is worth).
+
+Timestamps are RTP timestamps (32 bits, wrapping), unwrapped around the newest one seen, so
+a reordered packet has an earlier media time and counts with its full lateness; lost
+packets simply never count. Sequence numbers are not needed: the timestamp carries the
+media time, and a 16-bit sequence wrap cannot reach the estimate. A packet more than
+``HISTOGRAM_S`` late is no lateness a buffer could cover but a discontinuity (a sender
+restart, a timestamp jump, an outage of seconds): it only resets the earliest expectation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+CLOCK_RATE = 48_000
+TS_MOD = 1 << 32
+BUCKET_S = 0.01
+HISTOGRAM_S = 1.0  # a packet later than this is a discontinuity, not a lateness to cover
+WINDOW_S = 2.0  # how far back the earliest expectation is looked for (as NetEq)
+QUANTILE = 0.95
+FORGET_FACTOR = 0.983  # NetEq's, per packet: a memory of about 60 packets (1.2 s at 20 ms)
+FLOOR_S = 0.02  # one 20 ms frame
+CEILING_S = 0.5
+PEAK_HALF_LIFE_S = 0.5
+
+
+class PlayoutDelayEstimator:
+    """Relative delays of one stream's packets in, the target playout delay (seconds) out.
+
+    ``quantile``: the share of recent packets the target must cover. ``forget_factor``: the
+    weight the histogram keeps at each packet (the new packet gets the rest; while fewer
+    than ``1 / (1 - forget_factor)`` packets have come, all weigh the same). ``floor`` and
+    ``ceiling`` bound the target. ``peak_half_life``: how fast a spike's fast-attack peak
+    decays, in seconds of arrival time.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock_rate: int = CLOCK_RATE,
+        quantile: float = QUANTILE,
+        forget_factor: float = FORGET_FACTOR,
+        floor: float = FLOOR_S,
+        ceiling: float = CEILING_S,
+        peak_half_life: float = PEAK_HALF_LIFE_S,
+    ) -> None:
+        if clock_rate <= 0 or peak_half_life <= 0:
+            raise ValueError("clock_rate and peak_half_life must be positive")
+        if not 0 < quantile < 1 or not 0 < forget_factor < 1:
+            raise ValueError("quantile and forget_factor must lie strictly between 0 and 1")
+        if not 0 <= floor <= ceiling:
+            raise ValueError("need 0 <= floor <= ceiling")
+        self._clock_rate = clock_rate
+        self._quantile = quantile
+        self._forget = forget_factor
+        self._floor = floor
+        self._ceiling = ceiling
+        self._half_life = peak_half_life
+        self._histogram = np.zeros(round(HISTOGRAM_S / BUCKET_S))
+        self._packets = 0
+        self._newest: int | None = None  # the newest RTP timestamp seen, as sent...
+        self._newest_unwrapped = 0  # ...and unwrapped
+        # (arrival, transit) of the packets that can still be the fastest of the window:
+        # transits increase from front to back, so the front is the earliest expectation.
+        self._fastest: deque[tuple[float, float]] = deque()
+        self._peak = 0.0  # the fast-attack level, as set...
+        self._peak_at = 0.0  # ...at this arrival time
+        self.target = floor  # seconds, as of the last packet
+
+    def add(self, timestamp: int, arrival: float) -> float:
+        """Count one packet (RTP timestamp, arrival in seconds); return the new target."""
+        transit = arrival - self._unwrap(timestamp) / self._clock_rate
+        bucket = min(
+            int(self._relative_delay(arrival, transit) / BUCKET_S), len(self._histogram) - 1
+        )
+        self._count(bucket)
+        covered = (bucket + 1) * BUCKET_S
+        peak = self._peak * 0.5 ** (max(0.0, arrival - self._peak_at) / self._half_life)
+        if covered > peak:  # fast attack
+            self._peak, self._peak_at, peak = covered, arrival, covered
+        self.target = min(self._ceiling, max(self._floor, self._quantile_delay(), peak))
+        return self.target
+
+    def _unwrap(self, timestamp: int) -> int:
+        if self._newest is None:
+            self._newest = timestamp % TS_MOD
+            self._newest_unwrapped = self._newest
+            return self._newest
+        step = (timestamp - self._newest + TS_MOD // 2) % TS_MOD - TS_MOD // 2
+        unwrapped = self._newest_unwrapped + step
+        if step > 0:
+            self._newest, self._newest_unwrapped = timestamp % TS_MOD, unwrapped
+        return unwrapped
+
+    def _relative_delay(self, arrival: float, transit: float) -> float:
+        """How much later than the earliest expectation of the window this packet came."""
+        fastest = self._fastest
+        while fastest and fastest[-1][1] >= transit:
+            fastest.pop()
+        fastest.append((arrival, transit))
+        while fastest[0][0] < arrival - WINDOW_S:
+            fastest.popleft()
+        delay = transit - fastest[0][1]
+        if delay > HISTOGRAM_S:  # a new timing, nothing learnt about the link
+            fastest.clear()
+            fastest.append((arrival, transit))
+            return 0.0
+        return delay
+
+    def _count(self, bucket: int) -> None:
+        self._packets += 1
+        keep = min(self._forget, 1 - 1 / self._packets)
+        self._histogram *= keep
+        self._histogram[bucket] += 1 - keep
+
+    def _quantile_delay(self) -> float:
+        reached = np.searchsorted(np.cumsum(self._histogram), self._quantile)
+        return (int(reached) + 1) * BUCKET_S
