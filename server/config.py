@@ -38,6 +38,8 @@ class Settings:
     max_body_bytes: int = 64 * 1024
     log_level: str = "info"
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # Warm workers (engines loaded) that replace a worker that dies at once (with --workers > 1).
+    spare_workers: int = 1
     cosyvoice_model: str | None = None  # the same as engine setting cosyvoice.model
     cosyvoice_src: str | None = None  # cosyvoice.src
     engines: tuple[str, ...] = ()  # which installed engines to load; empty: all of them
@@ -99,6 +101,11 @@ SERVE_FLAGS = (
     _Flag("max-body-bytes", "largest accepted request body (default 65536)", int),
     _Flag("log-level", "debug, info, warning or error (default info)"),
     _Flag("workers", "worker processes, each with its own event loop (default: CPU count)", int),
+    _Flag(
+        "spare-workers",
+        "warm workers that replace one that dies at once (with --workers > 1; default 1)",
+        int,
+    ),
     _Flag("cosyvoice-model", "CosyVoice2 model directory (enables cosyvoice, cosyvoice-vc)"),
     _Flag("cosyvoice-src", "upstream CosyVoice checkout to import instead of the package"),
     _Flag("engines", "installed engines to load (default: all of them)", repeat=True, many=True),
@@ -257,6 +264,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError(f"--max-sessions ({ENV_PREFIX}MAX_SESSIONS) must be at least 1")
     if settings.workers < 1:
         raise SettingsError(f"--workers ({ENV_PREFIX}WORKERS) must be at least 1")
+    if settings.spare_workers < 0:
+        raise SettingsError(f"--spare-workers ({ENV_PREFIX}SPARE_WORKERS) must be >= 0")
     if settings.engine_threads < 1:
         raise SettingsError(f"--engine-threads ({ENV_PREFIX}ENGINE_THREADS) must be at least 1")
     if not 0 < settings.ice_timeout < math.inf:  # also refuses nan

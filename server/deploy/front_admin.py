@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import Counter
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from server.deploy.workers import Front, Worker
@@ -84,22 +85,26 @@ class FrontAdminRoutes:
         return web.json_response({"sessions": merged, "unreachable_workers": unreachable})
 
     async def readyz(self, request: web.Request) -> web.Response:
+        """Ready while at least one worker serves (with the capacity the serving ones give),
+        below that capacity and not draining: a worker that died is replaced, and a load
+        balancer need not drop the whole node meanwhile."""
         front = self._front
-        down = [w.index for w in front.workers if not w.alive or w.process.poll() is not None]
-        live = [w for w in front.workers if w.index not in down]
-        total = sum(w.sessions + w.placing for w in live)
+        serving = len(front.serving)
         reasons = []
-        if down or not front.workers:
+        if not serving:
             reasons.append("worker_down")
         if front.draining:
             reasons.append("draining")
-        if total >= front.settings.max_sessions:
+        if front.load >= front.capacity:
             reasons.append("at_capacity")
         return readiness(
             reasons,
-            sessions=total,
+            sessions=front.load,
             max_sessions=front.settings.max_sessions,
-            workers_down=down,
+            capacity=front.capacity,
+            workers_serving=serving,
+            workers_configured=front.settings.workers,
+            worker_restarts=front.restarts,
         )
 
 
@@ -111,6 +116,12 @@ def register_front_admin(app: web.Application, front: Front) -> ProcessMetrics:
     """
     metrics = ProcessMetrics()
     app[METRICS_KEY] = metrics
+    restarts = Counter(
+        "cosyrtc_worker_restarts",
+        "Worker processes that exited and were replaced.",
+        registry=metrics.registry,
+    )
+    front.on_restart = restarts.inc
     add_middlewares(app, metrics.offer_counter(None))
     FrontAdminRoutes(front, metrics).register(app)
     openapi.register(app)

@@ -1,19 +1,22 @@
-"""The front's worker processes: started, watched, loaded, placed on, drained and stopped.
+"""The front's worker processes: started, supervised, loaded, placed on, drained, stopped.
 
 Each worker is ``python -m server worker`` on a Unix socket of its own. The front polls
-every worker's ``/internal/load`` twice a second; placement takes the live worker with the
-fewest sessions (counting offers still being answered), then the least CPU.
+every worker's ``/internal/load`` twice a second; placement takes the serving worker with
+the fewest sessions (counting offers still being answered), then the least CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +32,12 @@ log = logging.getLogger(__name__)
 LOAD_POLL_SECONDS = 0.5
 WORKER_EXIT_MARGIN_S = 10.0
 WORKER_START_TIMEOUT_S = 120.0
+# A worker that keeps dying is restarted after a growing pause: this many deaths within the
+# window are normal (an out-of-memory kill, a crash); past them each restart waits twice as
+# long, up to the cap.
+DEATHS_BEFORE_BACKOFF = 3
+DEATH_WINDOW_S = 60.0
+MAX_RESTART_DELAY_S = 30.0
 # The front sees each client's address and limits new sessions per address; every request a
 # worker gets comes from the front's socket, so a limit there would count all clients as one.
 WORKER_OVERRIDES = ("--rate-limit", "0")
@@ -36,14 +45,19 @@ WORKER_OVERRIDES = ("--rate-limit", "0")
 
 @dataclass
 class Worker:
-    index: int
+    index: int  # never reused: a replacement gets a new index, so a new session id prefix
     socket_path: str
     process: subprocess.Popen[bytes]
+    serving: bool  # takes sessions; a spare waits, loaded, to replace one that dies
     http: aiohttp.ClientSession | None = None
+    ready: bool = False  # its socket answers
     sessions: int = 0
     cpu: float = 0.0
     placing: int = 0  # offers forwarded and not answered yet
-    alive: bool = True
+
+    @property
+    def alive(self) -> bool:
+        return self.ready and self.process.poll() is None
 
     @property
     def load(self) -> tuple[int, float]:
@@ -52,24 +66,51 @@ class Worker:
 
 @dataclass
 class Front:
+    """The worker processes: started, watched, replaced when they die, placed on, drained.
+
+    ``settings.workers`` serve; ``settings.spare_workers`` more wait with their engines
+    loaded. A worker that exits is replaced at the next load poll (<= 0.5 s): by a spare at
+    once when one is ready (loading engines takes seconds), else by a new process, and a new
+    spare is started in the background. A worker that keeps dying is restarted after a
+    growing pause. The sessions of a worker that died are gone with its media; requests for
+    them get 404 ``session_not_found``.
+    """
+
     settings: Settings
     worker_args: Sequence[str]
     workers: list[Worker] = field(default_factory=list)
     draining: bool = False  # shutting down: /readyz answers 503 so no new sessions come
+    restarts: int = 0
+    on_restart: Callable[[], None] | None = None
     _poller: asyncio.Task[None] | None = None
     _tmp: tempfile.TemporaryDirectory[str] | None = None
+    _indexes: Iterator[int] = field(default_factory=itertools.count)
+    _deaths: deque[float] = field(default_factory=deque)
+    _starting: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def start(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="cosyrtc-")
-        for index in range(self.settings.workers):
-            path = os.path.join(self._tmp.name, f"worker{index}.sock")
-            command = [sys.executable, "-m", "server", "worker", "--index", str(index)]
-            command += ["--socket", path, *self.worker_args, *WORKER_OVERRIDES]
-            process = subprocess.Popen(command)
-            self.workers.append(Worker(index, path, process))
+        for _ in range(self.settings.workers):
+            self._spawn(serving=True)
+        for _ in range(self.spares_wanted):
+            self._spawn(serving=False)
         await asyncio.gather(*(self._connect(worker) for worker in self.workers))
         self._poller = asyncio.create_task(self._poll_load())
-        log.info("front: %d workers ready", len(self.workers))
+        log.info("front: %d workers ready (%d spare)", self.settings.workers, self.spares_wanted)
+
+    @property
+    def spares_wanted(self) -> int:
+        return self.settings.spare_workers if self.settings.workers > 1 else 0
+
+    def _spawn(self, serving: bool) -> Worker:
+        assert self._tmp is not None
+        index = next(self._indexes)
+        path = os.path.join(self._tmp.name, f"worker{index}.sock")
+        command = [sys.executable, "-m", "server", "worker", "--index", str(index)]
+        command += ["--socket", path, *self.worker_args, *WORKER_OVERRIDES]
+        worker = Worker(index, path, subprocess.Popen(command), serving)
+        self.workers.append(worker)
+        return worker
 
     async def _connect(self, worker: Worker) -> None:
         loop = asyncio.get_running_loop()
@@ -79,21 +120,78 @@ class Front:
                 raise RuntimeError(f"worker {worker.index} exited while starting")
             if loop.time() > deadline:
                 raise RuntimeError(f"worker {worker.index} did not start")
-            await asyncio.sleep(0.1)  # start-up only: engines take seconds to load
+            await asyncio.sleep(0.1)  # engines take seconds to load
         connector = aiohttp.UnixConnector(path=worker.socket_path)
         worker.http = aiohttp.ClientSession(connector=connector)
+        worker.ready = True
+
+    # --- supervision ---------------------------------------------------------------------
 
     async def _poll_load(self) -> None:
         while True:
+            await self._supervise()
             await asyncio.gather(*(self._read_load(w) for w in self.workers if w.alive))
             await asyncio.sleep(LOAD_POLL_SECONDS)
 
+    async def _supervise(self) -> None:
+        """Replace every worker that exited (not while draining: then exiting is the plan)."""
+        if self.draining:
+            return
+        for worker in [w for w in self.workers if w.process.poll() is not None]:
+            self.workers.remove(worker)
+            if worker.http is not None:
+                await worker.http.close()
+            log.error(
+                "front: worker %d exited with %s; replacing it",
+                worker.index,
+                worker.process.returncode,
+            )
+            self.restarts += 1
+            if self.on_restart is not None:
+                self.on_restart()
+            self._record_death()
+            if worker.serving:
+                spare = next((w for w in self.workers if not w.serving and w.alive), None)
+                if spare is not None:
+                    spare.serving = True  # at once: it has its engines loaded
+                    log.info("front: spare worker %d now serves", spare.index)
+                    self._replace(serving=False)
+                else:
+                    self._replace(serving=True)
+            else:
+                self._replace(serving=False)
+
+    def _record_death(self) -> None:
+        now = time.monotonic()
+        self._deaths.append(now)
+        while self._deaths and now - self._deaths[0] > DEATH_WINDOW_S:
+            self._deaths.popleft()
+
+    def _restart_delay(self) -> float:
+        excess = len(self._deaths) - DEATHS_BEFORE_BACKOFF
+        return 0.0 if excess <= 0 else min(MAX_RESTART_DELAY_S, 2.0 ** (excess - 1))
+
+    def _replace(self, serving: bool) -> None:
+        task = asyncio.create_task(self._start_replacement(serving, self._restart_delay()))
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def _start_replacement(self, serving: bool, delay: float) -> None:
+        if delay:
+            log.warning("front: workers keep dying; next one starts in %.0f s", delay)
+            await asyncio.sleep(delay)
+        worker = self._spawn(serving)
+        try:
+            await self._connect(worker)
+        except RuntimeError as exc:
+            log.error("front: %s", exc)  # the next poll sees it exited and tries again
+        else:
+            log.info(
+                "front: worker %d started (%s)", worker.index, "serving" if serving else "spare"
+            )
+
     async def _read_load(self, worker: Worker) -> None:
         assert worker.http is not None
-        if worker.process.poll() is not None:
-            worker.alive = False
-            log.error("front: worker %d exited with %s", worker.index, worker.process.returncode)
-            return
         try:
             async with worker.http.get(
                 "http://worker/internal/load", headers=self._own_headers()
@@ -108,21 +206,38 @@ class Front:
         token = self.settings.auth_token
         return {"Authorization": f"Bearer {token}"} if token else {}
 
+    # --- placement -----------------------------------------------------------------------
+
+    @property
+    def serving(self) -> list[Worker]:
+        return [w for w in self.workers if w.serving and w.alive]
+
+    @property
+    def capacity(self) -> int:
+        """``--max-sessions``, in proportion to the workers serving now (one down: less)."""
+        serving = min(len(self.serving), self.settings.workers)
+        return self.settings.max_sessions * serving // self.settings.workers
+
+    @property
+    def load(self) -> int:
+        return sum(w.sessions + w.placing for w in self.serving)
+
     def place(self) -> Worker:
-        """The least-loaded live worker, or 503 when the server is full."""
+        """The least-loaded serving worker, or 503 when the server is full."""
         if self.draining:
             raise refusals.draining()
-        live = [w for w in self.workers if w.alive]
-        total = sum(w.sessions + w.placing for w in live)
-        if not live or total >= self.settings.max_sessions:
+        serving = self.serving
+        if not serving or self.load >= self.capacity:
             raise refusals.at_capacity()
-        return min(live, key=lambda w: w.load)
+        return min(serving, key=lambda w: w.load)
 
     def owner(self, session_id: str) -> Worker:
         for worker in self.workers:
             if session_id.startswith(worker_prefix(worker.index)) and worker.alive:
                 return worker
         raise ApiError(404, "session_not_found", "No live session has that id.")
+
+    # --- the end -------------------------------------------------------------------------
 
     async def drain(self) -> None:
         """Refuse new sessions; each worker drains its own (SIGTERM) and exits when done.
@@ -144,9 +259,13 @@ class Front:
             log.warning("front: worker %d still draining; it will be stopped", worker.index)
 
     async def close(self) -> None:
+        self.draining = True
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
+        for task in self._starting:
+            task.cancel()
+        await asyncio.gather(*self._starting, return_exceptions=True)
         for worker in self.workers:
             if worker.http is not None:
                 await worker.http.close()

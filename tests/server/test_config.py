@@ -61,6 +61,7 @@ ENV_VALUES = {
     "COSYRTC_RTP_PORT_RANGE": "40000-40099",
     "COSYRTC_LOG_FORMAT": "json",
     "COSYRTC_OPUS_COMPLEXITY": "9",
+    "COSYRTC_SPARE_WORKERS": "2",
     "COSYRTC_ENGINES": "echo, piper",
     "COSYRTC_ENGINE_COSYVOICE_DEVICE": "cuda",
 }
@@ -99,6 +100,7 @@ EXPECTED = Settings(
     rtp_port_range=(40000, 40099),
     log_format="json",
     opus_complexity=9,
+    spare_workers=2,
     engines=("echo", "piper"),
     engine_settings=(("cosyvoice", "device", "cuda"),),
 )
@@ -157,6 +159,7 @@ def test_every_flag_sets_its_setting():
         "--rtp-port-range=40000-40099",
         "--log-format=json",
         "--opus-complexity=9",
+        "--spare-workers=2",
         "--engines",
         "echo",
         "piper",

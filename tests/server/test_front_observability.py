@@ -19,8 +19,8 @@ LOAD_SETTLE_S = 1.2  # the front reads the workers' load every 0.5 s
 
 @pytest.fixture
 def front() -> Iterator[str]:
-    with two_workers(max_sessions=1) as url:
-        yield url
+    with two_workers(max_sessions=1) as server:
+        yield server.url
 
 
 async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, dict]:

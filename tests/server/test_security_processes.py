@@ -171,7 +171,7 @@ def guarded_front() -> Iterator[tuple[str, int]]:
     port = free_port()
     argv = [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2"]
     argv += ["--engine", "echo", "--ice-host", LOOPBACK, "--rate-limit", "2"]
-    argv += ["--auth-token", TOKEN]
+    argv += ["--auth-token", TOKEN, "--spare-workers", "0"]
     with spawned_server(argv, port, core=None, ready_path="healthz", ready_timeout=120) as s:
         yield s.url, s.pid
 

@@ -12,25 +12,27 @@ import aiohttp
 import numpy as np
 import pytest
 
-from bench.common import free_port, spawned_server
+from bench.common import ServerHandle, free_port, spawned_server
 from media.rtc.compat import restrict_host_addresses
 from peer.call import PeerCall
 
 
 @contextlib.contextmanager
-def two_workers(max_sessions: int) -> Iterator[str]:
-    """``serve --workers 2 --max-sessions N`` as a real process tree; yields its URL."""
+def two_workers(max_sessions: int, *extra: str) -> Iterator[ServerHandle]:
+    """``serve --workers 2 --max-sessions N`` as a real process tree (no spare unless
+    ``extra`` asks for one: starting it costs every test seconds)."""
     port = free_port()
     command = [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2"]
     command += ["--max-sessions", str(max_sessions), "--engine", "echo", "--ice-host", "127.0.0.1"]
+    command += ["--spare-workers", "0", *extra]
     with spawned_server(command, port, core=None, ready_path="engines", ready_timeout=120) as s:
-        yield s.url
+        yield s
 
 
 @pytest.fixture
 def front() -> Iterator[str]:
-    with two_workers(max_sessions=3) as url:
-        yield url
+    with two_workers(max_sessions=3) as server:
+        yield server.url
 
 
 async def test_sessions_spread_over_workers_and_excess_is_refused_at_once(front: str):

@@ -165,7 +165,7 @@ def front_with_deployment_ice() -> Iterator[tuple[str, tuple[int, int]]]:
     port = free_port()
     command = [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2"]
     command += ["--engine", "echo", "--ice-host", LOOPBACK, "--announce-ip", PUBLIC]
-    command += ["--rtp-port-range", f"{low}-{high}"]
+    command += ["--rtp-port-range", f"{low}-{high}", "--spare-workers", "0"]
     with spawned_server(command, port, core=None, ready_path="engines", ready_timeout=120) as s:
         yield s.url, (low, high)
 
