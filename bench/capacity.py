@@ -73,6 +73,7 @@ def server_command(kind: str, port: int, engine: str, max_sessions: int) -> list
         sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--ice-host", "127.0.0.1", "--engine", engine, "--max-sessions", str(max_sessions),
         "--engine-threads", "1", "--workers", "1", "--rate-limit", "0",
+        "--max-client-sessions", "0",
     ]  # fmt: skip
 
 

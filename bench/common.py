@@ -103,7 +103,8 @@ def server_process(args: Sequence[str], core: int | None = 0) -> Iterator[str]:
     """Run ``python -m server serve`` on a free loopback port; yield its base URL."""
     port = free_port()
     command = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--ice-host", "127.0.0.1", *args]
+    # Every caller of a benchmark comes from 127.0.0.1: no per-client cap.
+    command += ["--port", str(port), "--ice-host", "127.0.0.1", "--max-client-sessions", "0", *args]
     with spawned_server(command, port, core) as handle:
         yield handle.url
 

@@ -52,6 +52,9 @@ class Settings:
     tls_key: str | None = None
     cors_origins: tuple[str, ...] = ("*",)
     rate_limit: int = 120
+    # Live and not yet connected sessions one client address may hold (0: no limit).
+    max_client_sessions: int = 8
+    client_address_header: str | None = None  # behind a proxy: its client-address header
     max_session_seconds: float = 3600.0
     dc_max_message_bytes: int = 16 * 1024
     dc_max_messages: int = 50
@@ -126,6 +129,15 @@ SERVE_FLAGS = (
     ),
     _Flag(
         "rate-limit", "new sessions per client address per minute (0 = no limit; default 120)", int
+    ),
+    _Flag(
+        "max-client-sessions",
+        "sessions (live or connecting) one client address may hold (0 = no limit; default 8)",
+        int,
+    ),
+    _Flag(
+        "client-address-header",
+        "behind a reverse proxy: the header it writes the client address into (default: none)",
     ),
     _Flag("max-session-seconds", "longest a session may last (0 = no limit; default 3600)", float),
     _Flag("dc-max-message-bytes", "largest data-channel message accepted (default 16384)", int),
@@ -283,7 +295,7 @@ def _validate(settings: Settings) -> None:
         raise SettingsError(f"--opus-complexity ({ENV_PREFIX}OPUS_COMPLEXITY) must be 0-10")
     if settings.log_format not in ("text", "json"):
         raise SettingsError(f"--log-format ({ENV_PREFIX}LOG_FORMAT) must be text or json")
-    for name in ("rate_limit", "max_session_seconds", "breaker_failures"):
+    for name in ("rate_limit", "max_session_seconds", "breaker_failures", "max_client_sessions"):
         if getattr(settings, name) < 0:
             flag = name.replace("_", "-")
             raise SettingsError(f"--{flag} ({ENV_PREFIX}{name.upper()}) must be >= 0")

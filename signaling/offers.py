@@ -102,6 +102,7 @@ class OfferRequest:
     codec: CodecRequest = CodecRequest()
     whip: bool = False
     resume: ResumeRequest | None = None
+    client: str = ""  # who asked: the key per-client limits count by (its address)
 
 
 @dataclass(frozen=True)

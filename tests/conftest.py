@@ -38,8 +38,18 @@ def registry() -> Iterator[EngineRegistry]:
 
 
 def loopback_settings(**overrides: Any) -> Settings:
-    """Loopback-only settings: ICE on 127.0.0.1, no STUN/TURN servers."""
-    base = Settings(host=LOOPBACK, engine="echo", ice_hosts=(LOOPBACK,), engine_threads=2)
+    """Loopback-only settings: ICE on 127.0.0.1, no STUN/TURN servers.
+
+    Every test client calls from 127.0.0.1, so the per-client session cap is off unless a
+    test asks for it (tests/server/test_client_limits.py does).
+    """
+    base = Settings(
+        host=LOOPBACK,
+        engine="echo",
+        ice_hosts=(LOOPBACK,),
+        engine_threads=2,
+        max_client_sessions=0,
+    )
     return dataclasses.replace(base, **overrides)
 
 

@@ -21,8 +21,9 @@ from aiohttp.typedefs import Handler
 
 from server.config import Settings
 from server.deploy.front_admin import register_front_admin
-from server.deploy.workers import Front, Worker
+from server.deploy.workers import CLIENT_HEADER, Front, Worker
 from server.http.bodies import read_body
+from server.http.clients import client_of
 from server.http.errors import json_errors
 from server.http.page import register_page
 from server.http.routes import ApiRoute, Reach, register_forwarding
@@ -43,7 +44,12 @@ async def forward(
     """Send ``request`` (with ``body`` when already read) to ``worker`` and relay its answer,
     streaming event streams."""
     assert worker.http is not None
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers = {
+        k: v
+        for k, v in request.headers.items()
+        if k.lower() not in HOP_BY_HOP and k.lower() != CLIENT_HEADER.lower()
+    }
+    headers[CLIENT_HEADER] = client_of(request)  # who asked, as the front sees it
     if body is None and request.can_read_body:
         body = await read_body(request, limit or request.app[FRONT_KEY].settings.max_body_bytes)
     try:
@@ -92,14 +98,19 @@ def _forwarder(route: ApiRoute) -> Handler:
         resumed = _resumed_session(body) if request.content_type == "application/json" else None
         if resumed is not None:
             return await forward(request, front.owner(resumed), body)
-        worker = front.place()
+        client = client_of(request)
+        worker = front.place(client)
         worker.placing += 1
+        worker.clients[client] += 1
         try:
             response = await forward(request, worker, body)
         finally:
             worker.placing -= 1
+            worker.clients[client] -= 1
         if response.status in (200, 201):
-            worker.sessions += 1  # counted now; the next load reading confirms it
+            # Counted now; the next load reading confirms it.
+            worker.sessions += 1
+            worker.clients[client] += 1
         return response
 
     async def to_owner(request: web.Request) -> web.StreamResponse:

@@ -58,7 +58,13 @@ def run_worker(settings: Settings, index: int, socket_path: str) -> int:
     async def load(request: web.Request) -> web.Response:
         sessions = app[SERVER_KEY].sessions
         return web.json_response(
-            {"index": index, "pid": os.getpid(), "sessions": len(sessions), "cpu": meter.read()}
+            {
+                "index": index,
+                "pid": os.getpid(),
+                "sessions": len(sessions),
+                "cpu": meter.read(),
+                "clients": sessions.sessions_by_client(),
+            }
         )
 
     app.router.add_get("/internal/load", load)

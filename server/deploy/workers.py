@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +40,12 @@ DEATH_WINDOW_S = 60.0
 MAX_RESTART_DELAY_S = 30.0
 # The front sees each client's address and limits new sessions per address; every request a
 # worker gets comes from the front's socket, so a limit there would count all clients as one.
-WORKER_OVERRIDES = ("--rate-limit", "0")
+# The same goes for the per-client session limit: the front enforces it across the workers
+# and tells each worker who asked, in a header only the front's socket can send.
+CLIENT_HEADER = "X-Cosyrtc-Client"
+WORKER_OVERRIDES = (
+    "--rate-limit", "0", "--max-client-sessions", "0", "--client-address-header", CLIENT_HEADER,
+)  # fmt: skip
 
 
 @dataclass
@@ -54,6 +59,7 @@ class Worker:
     sessions: int = 0
     cpu: float = 0.0
     placing: int = 0  # offers forwarded and not answered yet
+    clients: Counter[str] = field(default_factory=Counter)  # sessions by client, with placing
 
     @property
     def alive(self) -> bool:
@@ -200,6 +206,7 @@ class Front:
         except (aiohttp.ClientError, TimeoutError):
             return
         worker.sessions, worker.cpu = load["sessions"], load["cpu"]
+        worker.clients = Counter(load["clients"])
 
     def _own_headers(self) -> dict[str, str]:
         """Credentials for the front's own requests: workers check the same token."""
@@ -222,13 +229,17 @@ class Front:
     def load(self) -> int:
         return sum(w.sessions + w.placing for w in self.serving)
 
-    def place(self) -> Worker:
-        """The least-loaded serving worker, or 503 when the server is full."""
+    def place(self, client: str = "") -> Worker:
+        """The least-loaded serving worker, or 503 when the server is full, or 429 when
+        ``client`` holds its share of sessions across the workers."""
         if self.draining:
             raise refusals.draining()
         serving = self.serving
         if not serving or self.load >= self.capacity:
             raise refusals.at_capacity()
+        limit = self.settings.max_client_sessions
+        if limit and client and sum(w.clients[client] for w in self.workers) >= limit:
+            raise refusals.client_limit(limit)
         return min(serving, key=lambda w: w.load)
 
     def owner(self, session_id: str) -> Worker:

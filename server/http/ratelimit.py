@@ -8,12 +8,11 @@ an offer with no token left gets 429 and ``Retry-After`` (seconds until the next
 Memory stays bounded: a bucket left alone long enough to refill is the same as a new one
 and is dropped, and past ``MAX_TRACKED_ADDRESSES`` the least recently seen goes first.
 IPv6 clients are counted per /64, the block one host usually gets: its 2^64 addresses
-would otherwise each get a full bucket.
+would otherwise each get a full bucket (``server.http.clients.client_key``).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import time
 from collections import OrderedDict
@@ -22,27 +21,12 @@ from collections.abc import Collection
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from server.http.clients import client_key, client_of
 from server.sessions.token_bucket import Clock, TokenBucket
 from signaling.errors import ApiError
 
 MAX_TRACKED_ADDRESSES = 100_000
-IPV6_CLIENT_PREFIX = 64
 SESSION_CREATING_PATHS: frozenset[str] = frozenset({"/offer", "/whip", "/whip/{engine}"})
-
-
-def client_key(address: str | None) -> str:
-    """The address a bucket is kept for: IPv4 as is, IPv6 by its /64 block."""
-    if not address:
-        return ""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip, IPV6_CLIENT_PREFIX), strict=False))
-    return str(ip)
 
 
 class AddressLimiter:
@@ -94,11 +78,8 @@ class AddressLimiter:
 def session_rate_middleware(
     limiter: AddressLimiter, paths: Collection[str] = SESSION_CREATING_PATHS
 ) -> Middleware:
-    """Apply ``limiter`` to ``POST`` on the session-creating routes, keyed by peer address.
-
-    The address is the connection's: behind a reverse proxy every client shares the
-    proxy's, so there the proxy is the place to limit.
-    """
+    """Apply ``limiter`` to ``POST`` on the session-creating routes, keyed by client
+    (``server.http.clients``: the peer address, or the trusted proxy header's)."""
 
     @web.middleware
     async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -110,7 +91,7 @@ def session_rate_middleware(
             and resource is not None
             and resource.canonical in paths
         ):
-            limiter.check(request.remote)
+            limiter.check(client_of(request))
         return await handler(request)
 
     return limit

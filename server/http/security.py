@@ -13,12 +13,14 @@ from aiohttp import web
 
 from server.config import Settings
 from server.http.auth import PUBLIC_PATHS, auth_middleware
+from server.http.clients import client_middleware
 from server.http.cors import CorsPolicy, preflight_middleware
 from server.http.ratelimit import AddressLimiter, session_rate_middleware
 
 
 def protect(app: web.Application, settings: Settings, page_paths: Collection[str]) -> None:
     """Add the guards to ``app``, whose ``page_paths`` (the page's files) stay public."""
+    app.middlewares.append(client_middleware(settings.client_address_header))
     app.middlewares.append(preflight_middleware())
     public = PUBLIC_PATHS | frozenset(page_paths)
     app.middlewares.append(auth_middleware(settings.auth_token, settings.admin_token, public))

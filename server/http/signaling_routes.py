@@ -16,6 +16,7 @@ from aiohttp.typedefs import Handler
 from media.rtc.candidates import without_unreachable_candidates
 from server.http.auth import is_authorized
 from server.http.bodies import read_body
+from server.http.clients import client_of
 from server.http.cors import ALLOWED_HEADERS, PREFLIGHT_MAX_AGE_SECONDS
 from signaling.errors import ApiError
 from signaling.ice import IceServer
@@ -110,6 +111,7 @@ class SignalingRoutes:
             options=options,
             codec=codec,
             resume=resume,
+            client=client_of(request),
         )
         answer = await self._host.open_session(offer)
         return web.json_response(
@@ -130,6 +132,7 @@ class SignalingRoutes:
             engine=request.match_info.get("engine"),
             codec=CodecRequest.parse(dict(request.query) or None),
             whip=True,
+            client=client_of(request),
         )
         answer = await self._host.open_session(offer)
         location = WHIP_SESSION_PATH.format(session_id=answer.session_id)

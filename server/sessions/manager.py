@@ -18,6 +18,7 @@ import hmac
 import logging
 import math
 import secrets
+from collections import Counter
 from collections.abc import Coroutine
 from concurrent.futures import Executor
 from typing import Any
@@ -105,6 +106,7 @@ class SessionManager:
         self._executor = executor
         self._sessions: dict[str, Session] = {}
         self._opening = 0
+        self._opening_by_client: Counter[str] = Counter()
         self._background: set[asyncio.Task[None]] = set()
         self._empty = asyncio.Event()
         self._empty.set()
@@ -165,11 +167,25 @@ class SessionManager:
             )
         return engine
 
-    def _admit(self) -> None:
+    def _admit(self, client: str) -> None:
         if self.draining:
             raise refusals.draining()
         if self.at_capacity:
             raise refusals.at_capacity()
+        limit = self._settings.max_client_sessions
+        if limit and client and self.client_sessions(client) >= limit:
+            raise refusals.client_limit(limit)
+
+    def client_sessions(self, client: str) -> int:
+        """Sessions ``client`` holds: live, detached or still connecting."""
+        live = sum(1 for session in self._sessions.values() if session.client == client)
+        return live + self._opening_by_client[client]
+
+    def sessions_by_client(self) -> dict[str, int]:
+        """Every client's session count, for the front's placement across workers."""
+        counts = Counter(session.client for session in self._sessions.values())
+        counts.update(self._opening_by_client)
+        return {client: n for client, n in counts.items() if client and n}
 
     @staticmethod
     def _require_input(engine: Engine[Any], request: OfferRequest) -> None:
@@ -185,7 +201,7 @@ class SessionManager:
         """A new session for ``request``, or an old one resumed if it says so."""
         if request.resume is not None:
             return await self._resume(request, request.resume)
-        self._admit()
+        self._admit(request.client)
         engine = self._engine_for(request)
         try:
             options = engine.validate_options(request.options)
@@ -193,10 +209,14 @@ class SessionManager:
             raise ApiError(400, "invalid_options", str(exc)) from exc
         self._require_input(engine, request)
         self._opening += 1
+        self._opening_by_client[request.client] += 1
         try:
             return await self._open(request, engine, options)
         finally:
             self._opening -= 1
+            self._opening_by_client[request.client] -= 1
+            if not self._opening_by_client[request.client]:
+                del self._opening_by_client[request.client]
 
     # --- opening, attaching, resuming ------------------------------------------------
 
@@ -222,6 +242,7 @@ class SessionManager:
             receives_caller_audio=request.summary.sends_audio,
             limits=limits,
             speakers_for=self._speakers_for,
+            client=request.client,
         )
         try:
             answer = await self._connect(session, request)
@@ -280,6 +301,7 @@ class SessionManager:
 
     def _connected(self, session: Session) -> None:
         session.connected.set()
+        session.ever_connected = True
         if session.detached_at is None:
             return
         session.detached_at = None
@@ -317,8 +339,15 @@ class SessionManager:
     # --- detaching ---------------------------------------------------------------------
 
     async def _lose_connection(self, session: Session, why: str) -> None:
-        """The peer is gone: keep the session for a resume, or end it if none is allowed."""
-        if self._settings.resume_grace > 0:
+        """The peer is gone: keep the session for a resume, or end it if none is allowed.
+
+        A session that never connected has nothing to resume: it ends as soon as ICE gives
+        up, and stops counting against its client's limit.
+        """
+        if not session.ever_connected:
+            log.info("session %s: %s before it ever connected, closing", session.id, why)
+            await self._close_if_open(session.id, "ice_failed")
+        elif self._settings.resume_grace > 0:
             await self._detach(session, why)
         else:
             log.info("session %s: %s, closing", session.id, why)

@@ -21,3 +21,17 @@ def draining() -> ApiError:
 
 def at_capacity() -> ApiError:
     return unavailable("at_capacity", "The server is at capacity; retry shortly.")
+
+
+CLIENT_RETRY_AFTER_SECONDS = 5
+
+
+def client_limit(limit: int) -> ApiError:
+    """429: the client holds its share of sessions (live, or still connecting)."""
+    return ApiError(
+        429,
+        "client_session_limit",
+        f"Your address holds {limit} sessions already (live or still connecting); end one "
+        "or retry when one has ended.",
+        headers={"Retry-After": str(CLIENT_RETRY_AFTER_SECONDS)},
+    )

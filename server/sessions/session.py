@@ -52,9 +52,11 @@ class Session:
     close_reason: str | None = None  # why it ended, once it has
     opened_at: float = field(default_factory=time.time)  # wall clock, for the session list
     connected: asyncio.Event = field(default_factory=asyncio.Event)
+    ever_connected: bool = False
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     limits: ChannelLimits = field(kw_only=True)
     speakers_for: Alternatives | None = field(default=None, kw_only=True)
+    client: str = field(default="", kw_only=True)  # the key per-client limits count by
 
     @property
     def speaker(self) -> TextInput:

@@ -62,6 +62,8 @@ ENV_VALUES = {
     "COSYRTC_LOG_FORMAT": "json",
     "COSYRTC_OPUS_COMPLEXITY": "9",
     "COSYRTC_SPARE_WORKERS": "2",
+    "COSYRTC_MAX_CLIENT_SESSIONS": "4",
+    "COSYRTC_CLIENT_ADDRESS_HEADER": "X-Real-IP",
     "COSYRTC_ENGINES": "echo, piper",
     "COSYRTC_ENGINE_COSYVOICE_DEVICE": "cuda",
 }
@@ -101,6 +103,8 @@ EXPECTED = Settings(
     log_format="json",
     opus_complexity=9,
     spare_workers=2,
+    max_client_sessions=4,
+    client_address_header="X-Real-IP",
     engines=("echo", "piper"),
     engine_settings=(("cosyvoice", "device", "cuda"),),
 )
@@ -160,6 +164,8 @@ def test_every_flag_sets_its_setting():
         "--log-format=json",
         "--opus-complexity=9",
         "--spare-workers=2",
+        "--max-client-sessions=4",
+        "--client-address-header=X-Real-IP",
         "--engines",
         "echo",
         "piper",

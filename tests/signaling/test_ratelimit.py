@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.http.ratelimit import AddressLimiter, client_key
+from server.http.clients import client_key
+from server.http.ratelimit import AddressLimiter
 from server.sessions.token_bucket import TokenBucket
 from signaling.errors import ApiError
 from tests.clock import FakeClock
