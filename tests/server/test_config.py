@@ -285,11 +285,11 @@ def test_settings_error_is_a_value_error():
 
 
 def test_engine_settings_come_from_flags_over_their_variables():
-    env = {"COSYRTC_ENGINE_COSYVOICE_MODEL": "/env", "COSYRTC_ENGINE_DENOISE_WARM_POOL": "4"}
+    env = {"COSYRTC_ENGINE_COSYVOICE_MODEL": "/env", "COSYRTC_ENGINE_DENOISE_LIBDF_WARM_POOL": "4"}
     flagged = settings_from(serve_args("--engine-setting", "cosyvoice.model=/flag"), env)
     assert set(flagged.engine_settings) == {
         ("cosyvoice", "model", "/flag"),
-        ("denoise", "warm_pool", "4"),
+        ("denoise-libdf", "warm_pool", "4"),
     }
     # --engine-threads' variable is not read as an engine called "threads".
     assert settings_from(serve_args(), {"COSYRTC_ENGINE_THREADS": "3"}).engine_settings == ()

@@ -39,7 +39,7 @@ async def served(plugin_registry: EngineRegistry) -> AsyncIterator[RunningServer
 
 def test_the_built_in_engines_are_installed_plugins():
     names = [plugin.name for plugin, _ in plan()]
-    assert {"echo", "denoise", "piper", "cosyvoice", "cosyvoice-vc"} <= set(names)
+    assert {"echo", "denoise", "denoise-libdf", "piper", "cosyvoice", "cosyvoice-vc"} <= set(names)
 
 
 def test_only_the_chosen_engines_load():
@@ -55,15 +55,16 @@ def test_an_engine_nobody_installed_is_refused_by_name():
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"denoise": {"nope": "1"}}, r"denoise\.nope does not exist .*warm_pool"),
-        ({"denoise": {"warm_pool": "many"}}, r"denoise\.warm_pool='many'"),
-        ({"denoise": {"warm_pool": "-1"}}, r"0 or more"),
+        ({"denoise-libdf": {"nope": "1"}}, r"denoise-libdf\.nope does not exist .*warm_pool"),
+        ({"denoise-libdf": {"warm_pool": "many"}}, r"denoise-libdf\.warm_pool='many'"),
+        ({"denoise-libdf": {"warm_pool": "-1"}}, r"0 or more"),
+        ({"denoise": {"max_wait_ms": "50"}}, r"0-20 ms"),
         ({"nowhere": {"x": "1"}}, r"'nowhere', which no installed engine reads"),
     ],
 )
 def test_engine_settings_are_checked_before_anything_loads(settings, message):
     with pytest.raises(EngineSettingsError, match=message):
-        plan(["denoise"], settings)
+        plan(["denoise", "denoise-libdf"], settings)
 
 
 def test_one_namespace_serves_both_cosyvoice_engines(tmp_path):
@@ -76,7 +77,7 @@ def test_one_namespace_serves_both_cosyvoice_engines(tmp_path):
     ("argv", "message"),
     [
         (["--engines", "echo", "nosuch"], "--engines"),
-        (["--engine-setting", "denoise.warm_pool=lots"], "denoise.warm_pool"),
+        (["--engine-setting", "denoise-libdf.warm_pool=lots"], "denoise-libdf.warm_pool"),
         (["--engines", "piper", "--engine", "echo"], "not among --engines"),
     ],
 )
