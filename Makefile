@@ -9,9 +9,10 @@ PIP := $(VENV)/bin/pip
 ARGS ?=
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
-# espeak-ng: speech fixtures; chromium: browser tests; the rest: the interop tests' GStreamer
+# espeak-ng: speech fixtures; chromium: browser tests; redis-server: the cluster tests (each
+# starts its own on a free port); the rest: the interop tests' GStreamer
 # clients (webrtcbin through Debian's python3-gi, simple-whip-client) in a network namespace.
-DEBIAN_TEST_PACKAGES := espeak-ng chromium iproute2 python3-gi python3-gst-1.0 \
+DEBIAN_TEST_PACKAGES := espeak-ng chromium iproute2 redis-server python3-gi python3-gst-1.0 \
 	gir1.2-gst-plugins-bad-1.0 gstreamer1.0-nice gstreamer1.0-plugins-base \
 	gstreamer1.0-plugins-good gstreamer1.0-plugins-bad simple-whip-client
 

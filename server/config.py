@@ -11,6 +11,7 @@ import argparse
 import ipaddress
 import math
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,10 @@ class Settings:
     announce_ip: str | None = None
     rtp_port_range: tuple[int, int] | None = None
     log_format: str = "text"
+    # A cluster of nodes (server/deploy/cluster.py); without --redis, one node on its own.
+    redis: str | None = None
+    node_id: str | None = None
+    advertise_url: str | None = None  # where other nodes reach this node's HTTP API
     # 0-10. At the 96 kb/s mono the server sends, 4 costs ~40 % less encoding than 10 for
     # 0.1 less PESQ-WB (bench/opus_complexity.py, bench/results/opus_complexity.json).
     opus_complexity: int = 4
@@ -156,6 +161,9 @@ SERVE_FLAGS = (
     _Flag("announce-ip", "public address to put in ICE candidates (server behind 1:1 NAT)"),
     _Flag("rtp-port-range", "UDP ports for media, LO-HI (default: any)"),
     _Flag("log-format", "text or json (one JSON object per line) (default text)"),
+    _Flag("redis", "redis://HOST:PORT/DB: join the cluster of nodes coordinated there"),
+    _Flag("node-id", "this node's name in the cluster (letters, digits, -; default from host)"),
+    _Flag("advertise-url", "the URL other nodes reach this node's API at (default: host:port)"),
     _Flag("opus-complexity", "Opus encoder complexity 0-10 for what is sent (default 4)", int),
 )
 
@@ -309,12 +317,37 @@ def _validate(settings: Settings) -> None:
         if not 0 <= getattr(settings, name) < math.inf:
             flag = name.replace("_", "-")
             raise SettingsError(f"--{flag} ({ENV_PREFIX}{name.upper()}) must be >= 0 and finite")
+    _validate_cluster(settings)
     for origin in settings.cors_origins:
         _require_origin(origin)
     for address in settings.ice_hosts:
         _require_ip(address, "ice-host")
     if settings.announce_ip is not None:
         _require_ip(settings.announce_ip, "announce-ip")
+
+
+NODE_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+
+
+def _validate_cluster(settings: Settings) -> None:
+    if settings.redis is not None:
+        scheme = urllib.parse.urlsplit(settings.redis).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise SettingsError(
+                f"--redis ({ENV_PREFIX}REDIS) must be redis://HOST:PORT/DB, got {settings.redis!r}"
+            )
+    if settings.node_id is not None and not NODE_ID.fullmatch(settings.node_id):
+        raise SettingsError(
+            f"--node-id ({ENV_PREFIX}NODE_ID) must be 1-32 lower-case letters, digits and -, "
+            f"starting with a letter or digit, got {settings.node_id!r}"
+        )
+    if settings.advertise_url is not None:
+        parsed = urllib.parse.urlsplit(settings.advertise_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise SettingsError(
+                f"--advertise-url ({ENV_PREFIX}ADVERTISE_URL) must be http(s)://HOST:PORT/, "
+                f"got {settings.advertise_url!r}"
+            )
 
 
 def _require_origin(origin: str) -> None:

@@ -6,9 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from server.config import SettingsError, add_serve_arguments, settings_from
+from aiohttp import web
+
+from server.config import Settings, SettingsError, add_serve_arguments, settings_from
+from server.deploy.cluster import with_cluster_defaults
 from server.deploy.engines import check_engines, load_engines
-from server.deploy.runner import serve_tcp
+from server.deploy.runner import Drain, serve_tcp
+from server.http.node import NODE_KEY
+from server.http.observability import METRICS_KEY
+from server.http.routes import node_prefix
 from server.ops.logs import configure_logging
 
 
@@ -19,6 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings = settings_from(args)
         tls = tls_context(settings)
         check_engines(settings)
+        settings = with_cluster_defaults(settings, https=tls is not None)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -28,22 +35,48 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.workers > 1:
         from server.deploy.front import create_front_app, drain_front
 
-        app = create_front_app(settings, args.passthrough)
+        worker_args = [
+            *args.passthrough,
+            *(["--node-id", settings.node_id] if settings.redis else []),
+        ]
+        app = create_front_app(settings, worker_args)
+        drain = join_cluster(app, settings, drain_front)
         print(f"cosyrtc is running: open {url} ({settings.workers} workers)", flush=True)
-        serve_tcp(app, settings.host, settings.port, drain_front, tls)
+        serve_tcp(app, settings.host, settings.port, drain, tls)
         return 0
     registry = load_engines(settings)
     from server.http.app import create_app, drain_sessions
 
     try:
-        app = create_app(settings, registry)
+        app = create_app(settings, registry, id_prefix=node_prefix(settings.node_id))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    drain = join_cluster(app, settings, drain_sessions)
     print(f"cosyrtc is running: open {url} (engines: {', '.join(registry.names)})", flush=True)
-    serve_tcp(app, settings.host, settings.port, drain_sessions, tls)
+    serve_tcp(app, settings.host, settings.port, drain, tls)
     registry.close()
     return 0
+
+
+def join_cluster(app: web.Application, settings: Settings, drain: Drain) -> Drain:
+    """With ``--redis``, make ``app`` a node of the cluster; the drain it gets then tells the
+    other nodes first (the node takes no new sessions from the moment SIGTERM arrives)."""
+    if settings.redis is None or settings.node_id is None:
+        return drain
+    from server.deploy.cluster import Cluster
+    from server.deploy.cluster_routes import attach_cluster
+
+    node = app[NODE_KEY]
+    cluster = Cluster(settings.redis, settings.node_id, node)
+    attach_cluster(app, cluster, settings, app[METRICS_KEY].registry)
+
+    async def drain_as_a_node(app: web.Application) -> None:
+        node.stop_admitting()
+        await cluster.publish()
+        await drain(app)
+
+    return drain_as_a_node
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -10,21 +10,22 @@ new sessions with 503 at once when the whole server is at capacity.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Sequence
 
-import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from server.config import Settings
 from server.deploy.front_admin import register_front_admin
+from server.deploy.relay import passed_headers, relay
 from server.deploy.workers import CLIENT_HEADER, Front, Worker
 from server.http.bodies import read_body
 from server.http.clients import client_of
 from server.http.errors import json_errors
+from server.http.node import NodeLoad, register_node_routes
 from server.http.page import register_page
 from server.http.routes import ApiRoute, Reach, register_forwarding
 from server.http.security import protect
@@ -32,9 +33,6 @@ from signaling.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length"}
-)
 FRONT_KEY: web.AppKey[Front] = web.AppKey("front")
 
 
@@ -44,32 +42,14 @@ async def forward(
     """Send ``request`` (with ``body`` when already read) to ``worker`` and relay its answer,
     streaming event streams."""
     assert worker.http is not None
-    headers = {
-        k: v
-        for k, v in request.headers.items()
-        if k.lower() not in HOP_BY_HOP and k.lower() != CLIENT_HEADER.lower()
-    }
+    headers = passed_headers(request, frozenset({CLIENT_HEADER.lower()}))
     headers[CLIENT_HEADER] = client_of(request)  # who asked, as the front sees it
     if body is None and request.can_read_body:
         body = await read_body(request, limit or request.app[FRONT_KEY].settings.max_body_bytes)
-    try:
-        upstream = await worker.http.request(
-            request.method, f"http://worker{request.path_qs}", headers=headers, data=body
-        )
-    except aiohttp.ClientError as exc:
-        raise ApiError(502, "worker_unavailable", "The session's worker did not answer.") from exc
-    async with upstream:
-        reply_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-        if upstream.content_type == "text/event-stream":
-            response = web.StreamResponse(status=upstream.status, headers=reply_headers)
-            await response.prepare(request)
-            with contextlib.suppress(ConnectionResetError, aiohttp.ClientPayloadError):
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-            return response
-        return web.Response(
-            status=upstream.status, body=await upstream.read(), headers=reply_headers
-        )
+    unavailable = ApiError(502, "worker_unavailable", "The session's worker did not answer.")
+    return await relay(
+        request, worker.http, f"http://worker{request.path_qs}", body, headers, unavailable
+    )
 
 
 def _resumed_session(body: bytes) -> str | None:
@@ -141,6 +121,7 @@ def create_front_app(settings: Settings, worker_args: Sequence[str]) -> web.Appl
     register_forwarding(app, _forwarder)
     protect(app, settings, register_page(app))
     register_front_admin(app, front)
+    register_node_routes(app, FrontNode(front, settings.advertise_url or ""))
 
     async def on_startup(app: web.Application) -> None:
         await front.start()
@@ -151,3 +132,30 @@ def create_front_app(settings: Settings, worker_args: Sequence[str]) -> web.Appl
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+class FrontNode:
+    """A front and its workers as one node of a cluster."""
+
+    def __init__(self, front: Front, url: str) -> None:
+        self._front = front
+        self._url = url
+
+    def load(self) -> NodeLoad:
+        front = self._front
+        serving = front.serving
+        clients: Counter[str] = Counter()
+        for worker in serving:
+            clients.update(worker.clients)
+        return NodeLoad(
+            url=self._url,
+            capacity=front.capacity,
+            live=front.load,
+            cpu=max((w.cpu for w in serving), default=0.0),
+            engines=front.engine_names,
+            draining=front.draining or front.refusing,
+            clients={client: n for client, n in clients.items() if client and n > 0},
+        )
+
+    def stop_admitting(self) -> None:
+        self._front.refusing = True

@@ -52,7 +52,7 @@ class LoadMeter:
 def run_worker(settings: Settings, index: int, socket_path: str) -> int:
     _die_with_parent()
     registry = load_engines(settings)
-    app = create_app(settings, registry, id_prefix=worker_prefix(index))
+    app = create_app(settings, registry, id_prefix=worker_prefix(index, settings.node_id))
     meter = LoadMeter()
 
     async def load(request: web.Request) -> web.Response:

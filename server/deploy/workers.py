@@ -86,6 +86,8 @@ class Front:
     worker_args: Sequence[str]
     workers: list[Worker] = field(default_factory=list)
     draining: bool = False  # shutting down: /readyz answers 503 so no new sessions come
+    refusing: bool = False  # drained by an operator (POST /admin/drain): no new sessions
+    engine_names: tuple[str, ...] = ()  # what the workers serve, read from one at start
     restarts: int = 0
     on_restart: Callable[[], None] | None = None
     _poller: asyncio.Task[None] | None = None
@@ -101,6 +103,7 @@ class Front:
         for _ in range(self.spares_wanted):
             self._spawn(serving=False)
         await asyncio.gather(*(self._connect(worker) for worker in self.workers))
+        await self._read_engines(self.workers[0])
         self._poller = asyncio.create_task(self._poll_load())
         log.info("front: %d workers ready (%d spare)", self.settings.workers, self.spares_wanted)
 
@@ -196,6 +199,12 @@ class Front:
                 "front: worker %d started (%s)", worker.index, "serving" if serving else "spare"
             )
 
+    async def _read_engines(self, worker: Worker) -> None:
+        assert worker.http is not None
+        async with worker.http.get("http://worker/engines", headers=self._own_headers()) as r:
+            document = await r.json()
+        self.engine_names = tuple(engine["name"] for engine in document["engines"])
+
     async def _read_load(self, worker: Worker) -> None:
         assert worker.http is not None
         try:
@@ -232,7 +241,7 @@ class Front:
     def place(self, client: str = "") -> Worker:
         """The least-loaded serving worker, or 503 when the server is full, or 429 when
         ``client`` holds its share of sessions across the workers."""
-        if self.draining:
+        if self.draining or self.refusing:
             raise refusals.draining()
         serving = self.serving
         if not serving or self.load >= self.capacity:
@@ -244,7 +253,10 @@ class Front:
 
     def owner(self, session_id: str) -> Worker:
         for worker in self.workers:
-            if session_id.startswith(worker_prefix(worker.index)) and worker.alive:
+            if (
+                session_id.startswith(worker_prefix(worker.index, self.settings.node_id))
+                and worker.alive
+            ):
                 return worker
         raise ApiError(404, "session_not_found", "No live session has that id.")
 

@@ -24,6 +24,7 @@ from media.rtc.compat import (
 from server.config import Settings
 from server.http import observability
 from server.http.errors import json_errors
+from server.http.node import ProcessNode, register_node_routes
 from server.http.page import register_page
 from server.http.prompt_routes import PromptRoutes
 from server.http.routes import register_api
@@ -104,6 +105,10 @@ def create_app(
     )
     protect(app, settings, register_page(app))
     observability.register(app, server.sessions, settings)
+    node = ProcessNode(
+        server.sessions, settings.advertise_url or "", settings.max_sessions, tuple(registry.names)
+    )
+    register_node_routes(app, node)
 
     async def on_shutdown(app: web.Application) -> None:
         await server.close()

@@ -31,7 +31,7 @@ from aiohttp.typedefs import Handler, Middleware
 from signaling.errors import ApiError
 
 PUBLIC_PATHS: frozenset[str] = frozenset({"/", "/healthz", "/readyz", "/openapi.json"})
-ADMIN_PATHS: frozenset[str] = frozenset({"/sessions", "/metrics"})
+ADMIN_PATHS: frozenset[str] = frozenset({"/sessions", "/metrics", "/cluster", "/admin/drain"})
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="cosyrtc"'}
 AUTHORIZED: web.RequestKey[bool] = web.RequestKey("authorized", bool)
 

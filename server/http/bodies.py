@@ -14,6 +14,8 @@ from aiohttp import web
 from signaling.errors import ApiError
 
 READ_CHUNK_BYTES = 64 * 1024
+# The body once read: a cluster node reads an offer to place it, then the handler reads it.
+BODY_KEY = web.RequestKey("body", bytes)
 
 
 def too_large(limit: int) -> ApiError:
@@ -26,6 +28,11 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     An announced ``Content-Length`` over the cap is refused before anything is read; a
     chunked body is refused at its first chunk past the cap.
     """
+    cached = request.get(BODY_KEY)
+    if cached is not None:
+        if len(cached) > limit:
+            raise too_large(limit)
+        return cached
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
     body = bytearray()
@@ -33,4 +40,5 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         body += chunk
         if len(body) > limit:
             raise too_large(limit)
-    return bytes(body)
+    request[BODY_KEY] = bytes(body)
+    return request[BODY_KEY]

@@ -11,12 +11,19 @@ does not know a proxy writes would let any client claim any address.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 IPV6_CLIENT_PREFIX = 64
 CLIENT_KEY = web.RequestKey("client", str)
+# In a cluster, an offer another node placed here arrives from that node, not the client:
+# this check (set by ``server.deploy.cluster_routes``) recognises one by its reservation and
+# puts the client it was placed for under CLIENT_KEY; the limits then leave it to the node
+# that received it from the client.
+PlacedCheck = Callable[[web.Request], Awaitable[bool]]
+PLACED_CHECK: web.AppKey[PlacedCheck] = web.AppKey("placed_check")
 
 
 def client_key(address: str | None) -> str:
@@ -55,6 +62,11 @@ def client_middleware(header: str | None) -> Middleware:
         return await handler(request)
 
     return identify
+
+
+async def placed_by_another_node(request: web.Request) -> bool:
+    check = request.app.get(PLACED_CHECK)
+    return check is not None and await check(request)
 
 
 def client_of(request: web.Request) -> str:

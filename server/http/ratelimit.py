@@ -21,7 +21,7 @@ from collections.abc import Collection
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from server.http.clients import client_key, client_of
+from server.http.clients import client_key, client_of, placed_by_another_node
 from server.sessions.token_bucket import Clock, TokenBucket
 from signaling.errors import ApiError
 
@@ -90,6 +90,7 @@ def session_rate_middleware(
             and match.http_exception is None
             and resource is not None
             and resource.canonical in paths
+            and not await placed_by_another_node(request)
         ):
             limiter.check(client_of(request))
         return await handler(request)

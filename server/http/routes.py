@@ -59,9 +59,31 @@ API_ROUTES: tuple[ApiRoute, ...] = (
 )
 
 
-def worker_prefix(index: int) -> str:
+def node_prefix(node_id: str | None) -> str:
+    """The start of every session id a cluster node hands out: how any node routes to it."""
+    return f"{node_id}." if node_id else ""
+
+
+def node_of(session_id: str) -> str | None:
+    """The node a session id names (ids are URL-safe base64, so they have no dots)."""
+    node, dot, _ = session_id.partition(".")
+    return node if dot else None
+
+
+def worker_prefix(index: int, node_id: str | None = None) -> str:
     """The start of every session id that worker ``index`` hands out: how the front routes."""
-    return f"w{index}-"
+    return f"{node_prefix(node_id)}w{index}-"
+
+
+_BY_RESOURCE = {(route.method, route.path): route for route in API_ROUTES}
+
+
+def route_of(request: web.Request) -> ApiRoute | None:
+    """The API route a request matched, if it matched one."""
+    resource = request.match_info.route.resource
+    if resource is None or request.match_info.http_exception is not None:
+        return None
+    return _BY_RESOURCE.get((request.method, resource.canonical))
 
 
 def register_api(app: web.Application, handlers: Mapping[str, Handler]) -> None:

@@ -117,6 +117,11 @@ class SessionManager:
         return len(self._sessions)
 
     @property
+    def opening(self) -> int:
+        """Offers being answered now: sessions about to exist."""
+        return self._opening
+
+    @property
     def at_capacity(self) -> bool:
         return len(self._sessions) + self._opening >= self._settings.max_sessions
 
