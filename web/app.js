@@ -150,11 +150,10 @@ function useToken() {
 
 // ---- the call ------------------------------------------------------------------------------
 
-async function start() {
-  const engine = selectedEngine();
+// request: what to call (the form's choice unless given: a call started again keeps its own).
+async function start(request = chosenRequest()) {
   audioContext ??= new AudioContext();
   audioContext.resume();
-  const request = { engine: engine.name, kind: engine.kind, options: readOptions(ui.options) };
   const current = new Call(request, callHandlers());
   call = current;
   channelOpen = false;
@@ -177,6 +176,11 @@ async function start() {
 function describeRequest({ engine, options }) {
   const settings = Object.entries(options).map(([name, value]) => `${name} ${value}`);
   return [engine, ...settings].join(" · ");
+}
+
+function chosenRequest() {
+  const engine = selectedEngine();
+  return { engine: engine.name, kind: engine.kind, options: readOptions(ui.options) };
 }
 
 function callHandlers() {
@@ -206,6 +210,12 @@ function callHandlers() {
     onReconnecting,
     onServerClosed() {
       endCall("The server ended the call. Press Start to call again.", true);
+    },
+    // The session went with its server; any server can take a new call at once.
+    onSessionLost() {
+      const { request } = call;
+      endCall("The server lost the call; starting a new one…", true);
+      start(request);
     },
     onLost(message) {
       endCall(message, true);

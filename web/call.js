@@ -15,7 +15,7 @@ const ICE_GATHERING_TIMEOUT_MS = 5000;
 // long is replaced.
 const DISCONNECTED_WAIT_MS = 2000;
 // The pause before each resume attempt: 15 s in all, inside the server's default 20 s grace
-// period (after it the server answers 404 and the call ends).
+// period (after it the server answers 404 and the page starts a new call).
 const RESUME_DELAYS_MS = [0, 1000, 2000, 4000, 8000];
 // An attempt whose offer or new connection takes longer than this has failed: on a dead
 // network a request can hang for minutes.
@@ -63,14 +63,21 @@ export class Call {
   #resumeToken = null;
   #connectedOnce = false;
   #resuming = false;
+  // Why the last connection was lost: "released" when the server closed the data channel
+  // while the connection was up (it ended the session or let go of this connection),
+  // "failed" when the connection itself died (the network, or the server's machine).
+  #lostHow = null;
+  #ended = false;
   #disconnectTimer = 0;
   // A connection being replaced: kept open until the server has taken its successor.
   #retired = null;
 
   // request: {engine, kind, options}. handlers: onMicrophone(stream), onMicrophoneMissing(err),
   // onTrack(stream), onState(connectionState), onChannelOpen(), onMessage(object),
-  // onReconnecting(attempt), onServerClosed(), onLost(message), onMicrophoneEnded(). None is
-  // called after close().
+  // onReconnecting(attempt), onServerClosed(), onSessionLost(), onLost(message),
+  // onMicrophoneEnded(). onSessionLost: the session vanished with its server (a resume was
+  // refused after the connection died), so a new call is the way on. None is called after
+  // close().
   constructor(request, handlers) {
     this.request = request;
     this.handlers = handlers;
@@ -164,10 +171,11 @@ export class Call {
     // connection (the caller's media stopped), seconds before ICE notices. Only a resume can
     // tell which: the server answers 404 to a session that has ended.
     channel.addEventListener("close", () => {
-      if (current()) this.#connectionLost();
+      const how = pc.connectionState === "connected" ? "released" : "failed";
+      if (current()) this.#connectionLost(how);
     });
     channel.addEventListener("message", (event) => {
-      if (current()) this.#notify("onMessage", parseMessage(event.data));
+      if (current()) this.#onMessage(parseMessage(event.data));
     });
     return { pc, channel };
   }
@@ -197,17 +205,28 @@ export class Call {
     if (state === "connected") {
       this.#connectedOnce = true;
     } else if (state === "failed") {
-      this.#connectionLost();
+      this.#connectionLost("failed");
     } else if (state === "disconnected") {
-      this.#disconnectTimer = setTimeout(() => this.#connectionLost(), DISCONNECTED_WAIT_MS);
+      const lost = () => this.#connectionLost("failed");
+      this.#disconnectTimer = setTimeout(lost, DISCONNECTED_WAIT_MS);
     }
+  }
+
+  // session_ended is the server's last word: whatever closes next, there is nothing to resume.
+  #onMessage(message) {
+    if (message.type === "session_ended") this.#ended = true;
+    this.#notify("onMessage", message);
   }
 
   // The connection is gone. A call that has been connected resumes its session on a new one;
   // one that never connected has nothing to resume.
-  #connectionLost() {
+  #connectionLost(how) {
     if (this.#closed || this.#resuming) return;
-    if (this.#connectedOnce) {
+    this.#lostHow = how;
+    if (this.#ended) {
+      this.#sessionDeleted = true;
+      this.#notify("onServerClosed");
+    } else if (this.#connectedOnce) {
       this.#resume();
     } else {
       this.#notify("onLost", "The connection to the server failed. Press Start to try again.");
@@ -231,7 +250,7 @@ export class Call {
       if (err instanceof CallClosed) return;
       if (err.code === "session_not_found") {
         this.#sessionDeleted = true;
-        this.#notify("onServerClosed");
+        this.#notify(this.#lostHow === "released" ? "onServerClosed" : "onSessionLost");
       } else {
         this.#notify("onLost", `The call could not be resumed: ${err.message}`);
       }

@@ -425,7 +425,6 @@ class SessionManager:
     async def _expire(self, session: Session) -> None:
         limit = self._settings.max_session_seconds
         await asyncio.sleep(limit)
-        session.events.publish({"type": "session_ended", "reason": "max_duration"})
         log.info("session %s: reached the %.0f s limit, closing", session.id, limit)
         self._close_soon(session.id, "max_duration")
 
@@ -439,11 +438,13 @@ class SessionManager:
             await self.close_session(session_id, reason)
 
     async def close_session(self, session_id: str, reason: str = "deleted") -> None:
-        """End a session; ``reason`` is what metrics count it under."""
+        """End a session; ``reason`` is what metrics count it under and what its listeners
+        hear (a ``session_ended`` event: a caller that gets it knows not to resume)."""
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise ApiError(404, "session_not_found", "No live session has that id.")
         session.close_reason = reason
+        session.events.publish({"type": "session_ended", "reason": reason})
         if not self._sessions:
             self._empty.set()
         current = asyncio.current_task()
