@@ -14,10 +14,10 @@ import aiohttp
 import numpy as np
 import pytest
 
+from bench.cluster import Node, RedisServer, cluster_of
 from bench.overload import real_offers
 from media.rtc.compat import restrict_host_addresses
 from peer.call import PeerCall
-from tests.cluster.conftest import Node, RedisServer, cluster_of
 
 ICE_TIMEOUT = ("--ice-timeout", "5")  # half-open offers free their slot soon
 EXCLUDED_WITHIN_S = 2.0

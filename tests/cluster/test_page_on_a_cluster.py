@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 from playwright.async_api import expect
 
+from bench.cluster import RedisServer, cluster_of
 from server.http.routes import node_of
 from tests.browser.test_page import (
     CONNECT_MS,
@@ -26,7 +27,6 @@ from tests.browser.test_page import (
     snapshot,
     start_call,
 )
-from tests.cluster.conftest import RedisServer, cluster_of
 
 # Chromium notices the dead node after ~5 s of unanswered ICE checks, the page waits 2 s,
 # and the resume is refused once the node's record has expired (2 s): a new call well

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +67,9 @@ ENV_VALUES = {
     "COSYRTC_MAX_CLIENT_SESSIONS": "4",
     "COSYRTC_CLIENT_ADDRESS_HEADER": "X-Real-IP",
     "COSYRTC_ENGINES": "echo, piper",
+    "COSYRTC_REDIS": "redis://10.0.0.5:6379/0",
+    "COSYRTC_NODE_ID": "node-7",
+    "COSYRTC_ADVERTISE_URL": "http://10.0.0.7:8080/",
     "COSYRTC_ENGINE_COSYVOICE_DEVICE": "cuda",
 }
 EXPECTED = Settings(
@@ -106,6 +111,9 @@ EXPECTED = Settings(
     max_client_sessions=4,
     client_address_header="X-Real-IP",
     engines=("echo", "piper"),
+    redis="redis://10.0.0.5:6379/0",
+    node_id="node-7",
+    advertise_url="http://10.0.0.7:8080/",
     engine_settings=(("cosyvoice", "device", "cuda"),),
 )
 
@@ -166,6 +174,9 @@ def test_every_flag_sets_its_setting():
         "--spare-workers=2",
         "--max-client-sessions=4",
         "--client-address-header=X-Real-IP",
+        "--redis=redis://10.0.0.5:6379/0",
+        "--node-id=node-7",
+        "--advertise-url=http://10.0.0.7:8080/",
         "--engines",
         "echo",
         "piper",
@@ -299,3 +310,16 @@ def test_engine_settings_come_from_flags_over_their_variables():
 def test_an_engine_setting_must_name_namespace_key_and_value(bad: str):
     with pytest.raises(SettingsError, match=r"NAMESPACE\.KEY=VALUE"):
         settings_from(serve_args("--engine-setting", bad), {})
+
+
+def test_readme_lists_every_flag_in_the_usage_and_in_operating():
+    """A flag nobody can find is a flag nobody uses; one the README invents misleads."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    usage_start = readme.index("python -m server serve [--host")
+    usage = readme[usage_start : readme.index("```", usage_start)]
+    operating = readme[readme.index("**Flags**, by group") : readme.index("**Health and")]
+    for flag in SERVE_FLAGS:
+        assert f"--{flag.name}" in usage, f"--{flag.name} missing from the README's usage"
+        assert f"--{flag.name}" in operating, f"--{flag.name} missing from README Operating"
+    named = set(re.findall(r"--([a-z][a-z0-9-]+)", usage))
+    assert named <= {flag.name for flag in SERVE_FLAGS}, "the usage names a flag serve lacks"
