@@ -39,7 +39,7 @@ from server.http.node import LocalNode
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5
-RECORD_TTL_MS = 2000
+RECORD_TTL_MS = 1500  # three missed heartbeats: a dead node is gone well within 2 s
 RESERVATION_TTL_MS = 5000  # an offer is answered well within this, or it failed
 PREFIX = "cosyrtc"
 NODES = f"{PREFIX}:nodes"

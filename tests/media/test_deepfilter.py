@@ -83,7 +83,7 @@ def _wait_until(condition, what: str) -> None:
 
 
 def test_metadata(engine: DeepFilterEngine) -> None:
-    assert (engine.name, engine.kind) == ("denoise", EngineKind.TRANSFORM)
+    assert (engine.name, engine.kind) == ("denoise-libdf", EngineKind.TRANSFORM)
     assert (engine.sample_rate, engine.hop_size, engine.delay_ms) == (RATE, HOP, 30.0)
     assert "DeepFilterNet3" in engine.description
     described = engine.describe()
