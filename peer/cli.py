@@ -4,6 +4,8 @@
 
 Round-trip time is measured in-band (see :mod:`peer.probe`): with chirp markers for
 engines that return the waveform (``echo``), by matching speech envelopes otherwise.
+``--interrupt-after S`` sends ``interrupt`` S seconds into the call and measures, on what
+this peer plays out, how long until the speech went silent and whether any came after.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from media.audio.frames import RTC_RATE
 from media.audio.wav import read_wav, write_wav
 from media.rtc.compat import accept_rsa_dtls_peers, restrict_host_addresses
 from peer.call import CONNECT_TIMEOUT_S, PeerCall
-from peer.probe import ChirpInserter, marker_rtts, rtt_from_envelopes, summarize
+from peer.probe import (
+    ChirpInserter,
+    marker_rtts,
+    rtt_from_envelopes,
+    silence_after,
+    summarize,
+)
 from signaling.client import SignalingError
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,7 @@ class PeerOptions:
     options: dict[str, Any] | None = None
     codec: dict[str, Any] | None = None
     token: str | None = None
+    interrupt_after: float | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PeerOptions:
@@ -70,6 +79,7 @@ class PeerOptions:
             options=json.loads(args.options) if args.options else None,
             codec={"application": args.opus_application} if args.opus_application else None,
             token=args.token or os.environ.get(TOKEN_VARIABLE) or None,
+            interrupt_after=args.interrupt_after,
         )
 
     @property
@@ -94,6 +104,11 @@ class PeerReport:
     rtt_ms_p50: float | None
     rtt_ms_p95: float | None
     rtt_samples: int
+    expanded_ms: float = 0.0  # audio this peer's playout made up while packets were late
+    # --interrupt-after: from sending `interrupt` to silence in what this peer played, and
+    # how much audible audio came after the first silent frame (should be none).
+    interrupt_to_silence_ms: float | None = None
+    audible_after_silence_ms: float | None = None
 
 
 @dataclass
@@ -126,6 +141,12 @@ def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tail", type=float, default=1.0, help="seconds to record after input")
     parser.add_argument("--options", help="engine options as a JSON object")
     parser.add_argument(
+        "--interrupt-after",
+        type=float,
+        metavar="S",
+        help="send an interrupt S seconds into the call; report interrupt-to-silence as heard",
+    )
+    parser.add_argument(
         "--opus-application",
         choices=("voip", "audio", "restricted_lowdelay"),
         help="ask the server to encode with this Opus application",
@@ -149,12 +170,23 @@ async def call(opts: PeerOptions) -> CallResult:
         token=opts.token,
     )
     error: str | None = None
+    interrupted: list[float] = []
+
+    async def interrupt_later(delay: float) -> None:
+        await asyncio.sleep(delay)
+        interrupted.append(await peer.send({"type": "interrupt"}))
+
     try:
         async with peer:
             if opts.say:
                 await peer.send({"type": "speak", "text": opts.say})
+            interrupter = None
+            if opts.interrupt_after is not None:
+                interrupter = asyncio.create_task(interrupt_later(opts.interrupt_after))
             await peer.source.finished.wait()
             await asyncio.sleep(opts.tail)
+            if interrupter is not None:
+                interrupter.cancel()
             await peer.end()
     except SignalingError as exc:
         error = str(exc)
@@ -175,6 +207,11 @@ async def call(opts: PeerOptions) -> CallResult:
         rtts = []
     summary = summarize(rtts)
     stats = peer.receive.stats
+    heard = (
+        silence_after(received, peer.recorder.timeline, interrupted[0])
+        if interrupted and peer.recorder.frames
+        else None
+    )
     report = PeerReport(
         ok=error is None,
         error=error,
@@ -189,6 +226,9 @@ async def call(opts: PeerOptions) -> CallResult:
         rtt_ms_p50=summary["rtt_ms_p50"],
         rtt_ms_p95=summary["rtt_ms_p95"],
         rtt_samples=int(summary["rtt_samples"] or 0),
+        expanded_ms=stats.expanded_ms,
+        interrupt_to_silence_ms=heard.to_silence_ms if heard else None,
+        audible_after_silence_ms=heard.audible_after_ms if heard else None,
     )
     return CallResult(report, sent, received)
 

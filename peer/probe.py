@@ -477,6 +477,107 @@ def _fast_length(n: int) -> int:
     return best
 
 
+# Holes in a continuous signal: 5 ms windows more than HOLE_DB below its level are silent,
+# and a run of them at least HOLE_MIN_S long is a hole.
+HOLE_WINDOW_S = 0.005
+HOLE_DB = 40.0
+HOLE_MIN_S = 0.02
+
+
+@dataclass(frozen=True)
+class Holes:
+    """Silent runs in audio that should never be silent (a tone sent without a break)."""
+
+    lengths_ms: list[float]  # every run of HOLE_MIN_S or longer
+    silent_ms: float  # all silent windows together, holes or not
+    total_ms: float
+
+    @property
+    def silent_share(self) -> float:
+        return self.silent_ms / self.total_ms if self.total_ms else 0.0
+
+    @property
+    def longest_ms(self) -> float:
+        return max(self.lengths_ms, default=0.0)
+
+
+def holes(
+    received: np.ndarray,
+    level: float,
+    sample_rate: int = SAMPLE_RATE,
+    below_db: float = HOLE_DB,
+    window_s: float = HOLE_WINDOW_S,
+    min_s: float = HOLE_MIN_S,
+) -> Holes:
+    """Silent runs in ``received``, audio whose every part should be at RMS ``level``."""
+    window = max(1, round(window_s * sample_rate))
+    count = len(received) // window
+    blocks = np.asarray(received[: count * window], dtype=np.float64).reshape(count, window)
+    silent = np.sqrt(np.mean(blocks * blocks, axis=1)) < level * 10 ** (-below_db / 20)
+    runs, run = [], 0
+    for quiet in silent:
+        if quiet:
+            run += 1
+            continue
+        if run:
+            runs.append(run)
+        run = 0
+    if run:
+        runs.append(run)
+    window_ms = 1000 * window / sample_rate
+    return Holes(
+        lengths_ms=[r * window_ms for r in runs if r * window_ms >= 1000 * min_s - 1e-9],
+        silent_ms=float(np.count_nonzero(silent)) * window_ms,
+        total_ms=count * window_ms,
+    )
+
+
+# Silence as a listener hears it: a 20 ms frame whose RMS is below this (-60 dBFS).
+SILENT_RMS = 1e-3
+
+
+@dataclass(frozen=True)
+class HeardSilence:
+    """What a listener heard after a moment (an interrupt): when it fell silent, and how
+    much audible audio came after the first silent frame."""
+
+    to_silence_ms: float
+    audible_after_ms: float
+
+
+def silence_after(
+    received: np.ndarray, timeline: Timeline, at: float, silent_rms: float = SILENT_RMS
+) -> HeardSilence | None:
+    """How long after ``at`` (monotonic seconds) ``received`` fell silent.
+
+    ``received`` is what the peer played, ``timeline`` when each frame of it was played.
+    Silence starts after the last audible sample of the first silent 20 ms frame's
+    predecessor; audio in any later frame counts against it. None when nothing was played
+    after ``at`` or it never fell silent.
+    """
+    if not len(timeline) or len(received) < FRAME_SAMPLES:
+        return None
+    start = int(np.ceil(timeline.index_at(at) / FRAME_SAMPLES)) * FRAME_SAMPLES
+    frames = (len(received) - start) // FRAME_SAMPLES
+    if frames <= 0:
+        return None
+    blocks = received[start : start + frames * FRAME_SAMPLES].reshape(frames, FRAME_SAMPLES)
+    rms = np.sqrt(np.mean(np.square(blocks, dtype=np.float64), axis=1))
+    quiet = np.flatnonzero(rms < silent_rms)
+    if not len(quiet):
+        return None
+    first_silent = int(quiet[0])
+    audible = np.flatnonzero(
+        np.abs(received[start : start + first_silent * FRAME_SAMPLES]) > silent_rms
+    )
+    end = start + (int(audible[-1]) + 1 if len(audible) else 0)
+    after = int(np.count_nonzero(rms[first_silent:] >= silent_rms))
+    return HeardSilence(
+        to_silence_ms=round(1000 * (timeline.time_of(end) - at), 2),
+        audible_after_ms=round(after * FRAME_SAMPLES / SAMPLE_RATE * 1000, 2),
+    )
+
+
 def summarize(rtts: Sequence[float]) -> dict[str, float | int | None]:
     """Median and 95th percentile RTT in milliseconds, and how many measurements back them.
 

@@ -54,7 +54,9 @@ class PlayoutDelayEstimator:
     weight the histogram keeps at each packet (the new packet gets the rest; while fewer
     than ``1 / (1 - forget_factor)`` packets have come, all weigh the same). ``floor`` and
     ``ceiling`` bound the target. ``peak_half_life``: how fast a spike's fast-attack peak
-    decays, in seconds of arrival time.
+    decays, in seconds of arrival time. ``bucket``: the histogram's resolution; the target
+    is a bucket's upper edge, so it may exceed what the packets need by up to one bucket
+    (a playout buffer that pays that on every leg of a call may want finer buckets).
     """
 
     def __init__(
@@ -66,9 +68,10 @@ class PlayoutDelayEstimator:
         floor: float = FLOOR_S,
         ceiling: float = CEILING_S,
         peak_half_life: float = PEAK_HALF_LIFE_S,
+        bucket: float = BUCKET_S,
     ) -> None:
-        if clock_rate <= 0 or peak_half_life <= 0:
-            raise ValueError("clock_rate and peak_half_life must be positive")
+        if clock_rate <= 0 or peak_half_life <= 0 or bucket <= 0:
+            raise ValueError("clock_rate, peak_half_life and bucket must be positive")
         if not 0 < quantile < 1 or not 0 < forget_factor < 1:
             raise ValueError("quantile and forget_factor must lie strictly between 0 and 1")
         if not 0 <= floor <= ceiling:
@@ -79,7 +82,8 @@ class PlayoutDelayEstimator:
         self._floor = floor
         self._ceiling = ceiling
         self._half_life = peak_half_life
-        self._histogram = np.zeros(round(HISTOGRAM_S / BUCKET_S))
+        self._bucket = bucket
+        self._histogram = np.zeros(max(1, round(HISTOGRAM_S / bucket)))
         self._packets = 0
         self._newest: int | None = None  # the newest RTP timestamp seen, as sent...
         self._newest_unwrapped = 0  # ...and unwrapped
@@ -94,15 +98,27 @@ class PlayoutDelayEstimator:
         """Count one packet (RTP timestamp, arrival in seconds); return the new target."""
         transit = arrival - self._unwrap(timestamp) / self._clock_rate
         bucket = min(
-            int(self._relative_delay(arrival, transit) / BUCKET_S), len(self._histogram) - 1
+            int(self._relative_delay(arrival, transit) / self._bucket), len(self._histogram) - 1
         )
         self._count(bucket)
-        covered = (bucket + 1) * BUCKET_S
+        covered = (bucket + 1) * self._bucket
         peak = self._peak * 0.5 ** (max(0.0, arrival - self._peak_at) / self._half_life)
         if covered > peak:  # fast attack
             self._peak, self._peak_at, peak = covered, arrival, covered
         self.target = min(self._ceiling, max(self._floor, self._quantile_delay(), peak))
         return self.target
+
+    def expected_arrival(self, timestamp: int) -> float | None:
+        """When the earliest expectation says a packet with this RTP timestamp arrives.
+
+        The arrival it would have with the smallest transit of the window (the packets that
+        came soonest): what a playout buffer measures its own delay against. ``None`` before
+        the first packet. Nothing is counted or remembered.
+        """
+        if self._newest is None or not self._fastest:
+            return None
+        step = (timestamp - self._newest + TS_MOD // 2) % TS_MOD - TS_MOD // 2
+        return (self._newest_unwrapped + step) / self._clock_rate + self._fastest[0][1]
 
     def _unwrap(self, timestamp: int) -> int:
         if self._newest is None:
@@ -138,4 +154,4 @@ class PlayoutDelayEstimator:
 
     def _quantile_delay(self) -> float:
         reached = np.searchsorted(np.cumsum(self._histogram), self._quantile)
-        return (int(reached) + 1) * BUCKET_S
+        return (int(reached) + 1) * self._bucket

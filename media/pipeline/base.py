@@ -47,8 +47,16 @@ class ReceiveStats:
     recovered_fec: int = 0
     skipped: int = 0
     over_real_time: int = 0  # packets beyond real time, dropped before decoding
-    margin_ms: float = 0.0
+    margin_ms: float = 0.0  # the playout delay the target asks for (beyond one frame)
     jitter_ms: float = 0.0
+    undecodable: int = 0  # packets that were not decodable audio (concealed as lost)
+    target_ms: float = 0.0  # the target playout delay, from the arrival statistics
+    delay_ms: float = 0.0  # the playout delay now (behind the earliest expected arrival)
+    expanded_ms: float = 0.0  # audio made up by expansion while packets were late or lost
+    accelerated_ms: float = 0.0  # audio cut by acceleration to shed delay
+    preemptive_ms: float = 0.0  # audio repeated by preemptive expansion to add delay
+    dropped_ms: float = 0.0  # decoded audio dropped beyond the buffer's bound
+    skipped_slots: int = 0  # output slots lost to a held-up event loop
 
 
 class AudioInput(Protocol):
@@ -167,6 +175,15 @@ class Pipeline(ABC):
     @abstractmethod
     def feed(self, pcm: np.ndarray) -> None:
         """One decoded frame (48 kHz float32 mono) from the attached input."""
+
+    def input_failed(self, code: str, message: str) -> None:
+        """The attached input reports a fault the call survives (e.g. undecodable audio).
+
+        It reaches the client as an ``error`` event, the way an engine failure does; the
+        session and its connection go on.
+        """
+        log.warning("session %s: %s: %s", self._session_id, code, message)
+        self._emit({"type": "error", "error": code, "message": message})
 
     @property
     def _arrived_at(self) -> float:

@@ -17,13 +17,17 @@ import numpy as np
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.opus import OpusEncoder
 from media.audio.ringbuffer import RingBuffer
-from media.pipeline.pacing import FramePacer
+from media.pipeline.pacing import FramePacer, OutputCushion
 
 # An interruption fades out over the first half of the next frame: long enough not to click,
-# short enough that the track is silent 10 ms into that frame.
+# short enough that the track is silent 10 ms into that frame. The rest of that frame is
+# zeros, so the encoder's lookahead (6.5 ms) carries the end of the fade in the same packet:
+# the packet after it decodes to silence.
 FADE_SAMPLES = FRAME_SAMPLES // 2
 FADE_SECONDS = FADE_SAMPLES / RTC_RATE
 
+# ``(samples, no_audio)``: ``no_audio`` when none of the buffered audio left in this frame
+# (filler silence, or a slot filled by expanding what went before).
 FrameObserver = Callable[[np.ndarray, bool], None]
 
 
@@ -61,13 +65,15 @@ class OutboundAudio:
         capacity_seconds: float,
         max_backlog: int | None,
         on_frame: FrameObserver | None = None,
+        cushion: OutputCushion | None = None,
     ) -> None:
         self.buffer = RingBuffer(int(capacity_seconds * RTC_RATE))
-        self.pacer = FramePacer(self.buffer, max_backlog=max_backlog)
+        self.pacer = FramePacer(self.buffer, max_backlog=max_backlog, cushion=cushion)
         self.encoder = encoder
         self._on_frame = on_frame
         self.frames_sent = 0
         self.silence_sent = 0
+        self.expanded_sent = 0  # frames that were mostly expansion of a late hop
         self._closed = False
 
     @property
@@ -88,10 +94,13 @@ class OutboundAudio:
         frame = OutboundFrame(
             samples, encode_frame(self.encoder, samples), self.pacer.pts, is_silence
         )
+        cushion = self.pacer.cushion
+        expanded = not is_silence and cushion is not None and cushion.last_expanded
         self.frames_sent += 1
         self.silence_sent += is_silence
+        self.expanded_sent += expanded
         if self._on_frame is not None:  # told once the frame leaves: encoded
-            self._on_frame(samples, is_silence)
+            self._on_frame(samples, is_silence or expanded)
         return frame
 
     def write(self, samples: np.ndarray) -> None:
@@ -115,13 +124,23 @@ class OutboundAudio:
         """Keep the next ``FADE_SAMPLES`` of what is queued, faded to zero; drop the rest.
 
         Returns how many samples were dropped. The next frame starts where the audio was
-        and reaches silence half-way through, instead of cutting off with a click.
+        and reaches silence half-way through, instead of cutting off with a click; the rest
+        of it is zeros, so it is a whole frame (a half one went out as a 10 ms packet and
+        broke the frame grid, and the speech in the encoder's lookahead followed in the
+        packets after it). Nothing that was played may come back as expansion either.
         """
-        head = self.buffer.read(FADE_SAMPLES)
+        playing = FADE_SAMPLES
+        if self.pacer.holding:  # an utterance waiting for its pre-buffer was never heard
+            playing = max(0, min(playing, self.pacer.held_at - self.buffer.consumed))
+        head = self.buffer.read(playing)
         dropped = self.buffer.clear()
+        self.pacer.release()
+        if self.pacer.cushion is not None:
+            self.pacer.cushion.reset()
         if len(head):
             ramp = np.linspace(1.0, 0.0, len(head), dtype=np.float32)
             self.buffer.write(head * ramp)
+            self.buffer.write(np.zeros(FRAME_SAMPLES - len(head), np.float32))
             self.pacer.notify()
         return dropped
 

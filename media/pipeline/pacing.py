@@ -4,14 +4,22 @@ aiortc's sender does no pacing: it sends whatever ``recv()`` returns as soon as 
 The pacer gives every frame a slot ``anchor + index * 20 ms``. A frame that is ready goes
 out at once, but never before its slot starts, so a burst (TTS faster than real time, a
 jitter buffer releasing a backlog) still leaves at 50 frames per second. When a slot ends
-with nothing ready, the slot is filled with silence and counted as an underrun.
+with nothing ready it is counted as an underrun and filled: with silence, or, with an
+:class:`OutputCushion`, by expanding the audio that went before (``media.audio.splice``),
+so a late engine hop is a stretch of the sound, not a hole in it.
 
 Phase lock: a frame that is ready before its slot waits, and waiting until the time a frame
 normally arrives costs nothing, while a frame later than its slot's end costs an underrun.
 So slots start where frames normally become ready: the first frame anchors the schedule,
 and whenever every frame of the last second had to wait, the schedule moves earlier by the
 shortest wait. Frames then leave the moment they are ready, a frame may be up to a whole
-slot late before silence is sent, and a transform adds no pacing delay on a steady input.
+slot late before the slot is filled, and a transform adds no pacing delay on a steady input.
+
+The adaptive cushion (transforms) replaces that phase lock and the backlog drops with the
+receive path's playout control: a target delay from when the engine's audio arrives
+(``PlayoutDelayEstimator``, fed at every write), the slot grid kept that far behind the
+earliest expected arrival (``media.audio.delay_control``), late hops expanded and the
+cushion they leave shed by acceleration instead of dropped.
 """
 
 from __future__ import annotations
@@ -22,8 +30,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from media.audio.frames import FRAME_MS, FRAME_SAMPLES
+from media.audio.delay_control import DelayControl
+from media.audio.frames import FRAME_MS, FRAME_SAMPLES, RTC_RATE
+from media.audio.playout_delay import TS_MOD, PlayoutDelayEstimator
 from media.audio.ringbuffer import RingBuffer
+from media.audio.splice import XFADE, Splicer
 
 FRAME_SECONDS = FRAME_MS / 1000
 # Frames per phase check: if all of them waited for their slot, the slots move earlier.
@@ -33,6 +44,116 @@ PHASE_WINDOW_FRAMES = 50
 STANDING_BACKLOG_ALLOWANCE = 1
 # Waits shorter than this are timer noise, not a phase error worth correcting.
 PHASE_TOLERANCE_SECONDS = 0.001
+DELAY_BUCKET_S = 0.005  # the cushion's target resolution (media.rtc.receive's)
+# With an adaptive cushion a frame may come this much after its slot's end and still be
+# sent for it rather than the slot expanded: what feeds a transform (the receive path)
+# hands on each frame as its packet comes, up to a slot late, which the target would
+# otherwise cover with a 5 ms cushion held on every frame.
+CUSHION_GRACE_SECONDS = 0.005
+# An adaptive cushion sheds by acceleration; only audio beyond this is dropped outright.
+CUSHION_BACKLOG_SECONDS = 0.3
+
+
+class OutputCushion:
+    """What a pacer does around late audio: expand it, and (``adaptive``) shed what it left.
+
+    ``expecting`` says whether more audio is due (speech mid-utterance, a transform's
+    stream): a slot found empty then is a late hop, filled by expanding the audio before
+    it; otherwise the stream has ended and the slot is silence. ``adaptive``: keep a
+    cushion sized from when the audio arrives, and shed what late hops leave beyond it by
+    acceleration (transforms); without it nothing is ever dropped or shed (speech).
+    """
+
+    def __init__(
+        self, *, adaptive: bool = True, expecting: Callable[[], bool] | None = None
+    ) -> None:
+        self.adaptive = adaptive
+        self._expecting = expecting or (lambda: True)
+        self._splicer = Splicer()
+        self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
+        self._control = DelayControl()
+        self._written = 0
+        self._paused = False
+        self.late_slots = 0  # slots found empty while audio was expected (a late hop)
+        self.expanded = 0  # of them, filled by expansion
+        self.expanded_samples = 0
+        self.shed_samples = 0  # cut by acceleration (or left out where a merge met in phase)
+        self.grown_samples = 0  # repeated by expansion ahead of time
+        self.delay = 0.0  # seconds behind the earliest expected arrival, at the last slot
+        self.last_expanded = False  # the last frame was (mostly) expansion
+
+    @property
+    def target(self) -> float:
+        return self._estimator.target
+
+    def wrote(self, written: int, now: float) -> None:
+        """The source's written position moved to ``written`` at ``now``."""
+        if self.adaptive and written > self._written:
+            if self._paused:  # audio again after it stopped: a new stream, a new timing
+                self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
+                self._paused = False
+            self._estimator.add(self._written % TS_MOD, now)
+        self._written = written
+
+    def reset(self) -> None:
+        """Forget the audio played (after an interrupt: nothing of it may be expanded)."""
+        self._splicer.reset()
+
+    def anchored(self) -> None:
+        """The pacer's slot grid was anchored anew."""
+        self._control.rebase()
+
+    def expects(self) -> bool:
+        """More audio is due (a slot found empty now is a late hop, not the end)."""
+        return self._expecting()
+
+    def fill(self, source: RingBuffer, samples: int) -> np.ndarray | None:
+        """A slot ended with less than a frame: what is there, then expansion; None for
+        silence (the stream has ended, or what came before was silence anyway)."""
+        self.last_expanded = False
+        if not self._expecting():
+            self._splicer.reset()
+            return None
+        self.late_slots += 1
+        ahead = source.peek(source.available)
+        frame, used = self._splicer.play(ahead, samples)
+        source.discard(used)
+        if not np.any(frame):
+            # Nothing is left to expand (the stream paused long enough to fade out): when
+            # audio comes back it is a new start, not audio that was late all this while.
+            self._paused = True
+            return None
+        self._count()
+        self.expanded += 1
+        self.last_expanded = self._splicer.expanded > samples // 2
+        return frame
+
+    def take(self, source: RingBuffer, samples: int, slot_start: float) -> tuple[np.ndarray, float]:
+        """The slot's frame from ``source`` (which holds at least one), and a grid move."""
+        self.last_expanded = False
+        change, nudge = 0, 0.0
+        if self.adaptive:
+            expected = self._estimator.expected_arrival(source.consumed % TS_MOD)
+            if expected is not None and not self._splicer.expanding:
+                self.delay = slot_start - expected
+                free = samples / RTC_RATE + CUSHION_GRACE_SECONDS  # lateness sent as it is
+                wanted = max(0.0, self._estimator.target - free)
+                change, nudge = self._control.step(self.delay, wanted, source.available - samples)
+        if change or self._splicer.expanding:
+            ahead = source.peek(samples + max(change, 0) + 2 * XFADE)
+            frame, used = self._splicer.play(ahead, samples, change)
+            source.discard(used)
+            self._count()
+        else:
+            frame = source.read(samples)
+            self._splicer.played(frame)
+        return frame, nudge
+
+    def _count(self) -> None:
+        splicer = self._splicer
+        self.expanded_samples += splicer.expanded
+        self.shed_samples += splicer.accelerated + splicer.skipped
+        self.grown_samples += splicer.preemptive
 
 
 class FramePacer:
@@ -51,8 +172,12 @@ class FramePacer:
         frame_seconds: float = FRAME_SECONDS,
         max_backlog: int | None = None,
         clock: Callable[[], float] | None = None,
+        cushion: OutputCushion | None = None,
     ) -> None:
         self._source = source
+        self.cushion = cushion
+        self._hold: tuple[int, int] | None = None
+        self._idle = False  # the last slot was silence with no audio due
         self._frame_samples = frame_samples
         self._frame_seconds = frame_seconds
         self._max_backlog = max_backlog
@@ -76,6 +201,8 @@ class FramePacer:
 
     def notify(self) -> None:
         """Called after audio was written to the source, to wake a waiting ``next_frame``."""
+        if self.cushion is not None:
+            self.cushion.wrote(self._source.written, self._clock())
         self._ready.set()
 
     def restart(self) -> None:
@@ -87,8 +214,39 @@ class FramePacer:
         """Timestamp of the last frame, in samples: slots, not frames, so gaps stay gaps."""
         return self.index * self._frame_samples
 
+    def hold(self, at: int, until: int) -> None:
+        """Play nothing from stream position ``at`` on until ``until`` has been written.
+
+        A speak session's pre-buffer: the audio before ``at`` plays on; the next
+        utterance starts once enough of it is ready (or :meth:`release` says so).
+        """
+        self._hold = (at, until)
+        self._ready.set()
+
+    def release(self) -> None:
+        """Lift a :meth:`hold`."""
+        if self._hold is not None:
+            self._hold = None
+            self._ready.set()
+
+    @property
+    def holding(self) -> bool:
+        return self._hold is not None
+
+    @property
+    def held_at(self) -> int:
+        """The stream position a :meth:`hold` waits at (the written position if none)."""
+        return self._hold[0] if self._hold is not None else self._source.written
+
     def _has_frame(self) -> bool:
-        return self._source.available >= self._frame_samples
+        available = self._source.available
+        if self._hold is not None:
+            at, until = self._hold
+            if self._source.written >= until:
+                self._hold = None
+            else:
+                available = min(available, at - self._source.consumed)
+        return available >= self._frame_samples
 
     async def _wait_for_frame(self, deadline: float | None) -> bool:
         while not self._has_frame():
@@ -117,6 +275,8 @@ class FramePacer:
             first_index = self.index + 1
             self._anchor = self._clock() - first_index * self._frame_seconds
             self.index = first_index
+            if self.cushion is not None:
+                self.cushion.anchored()
         else:
             self.index += 1
             current = math.floor((self._clock() - self._anchor) / self._frame_seconds)
@@ -127,17 +287,61 @@ class FramePacer:
                 self.index = current
         slot_start = self._anchor + self.index * self._frame_seconds
         self.frames += 1
-        if not await self._wait_for_frame(deadline=slot_start + self._frame_seconds):
+        cushion = self.cushion
+        if cushion is not None and not cushion.adaptive:
+            if self._idle and self._has_frame() and self._clock() < slot_start:
+                # Audio again after idle silence: it starts a new grid and leaves at once.
+                self._anchor -= slot_start - self._clock()
+                slot_start = self._clock()
+            self._idle = False
+            if not self._has_frame() and not cushion.expects():
+                return await self._idle_slot(slot_start)
+        grace = CUSHION_GRACE_SECONDS if cushion is not None and cushion.adaptive else 0.0
+        if not await self._wait_for_frame(deadline=slot_start + self._frame_seconds + grace):
             self.underruns += 1
-            return self._silence, True
+            filled = cushion.fill(self._source, self._frame_samples) if cushion else None
+            if filled is None:
+                return self._silence, True
+            return filled, False
         self.ready_at = self._clock()
         early = slot_start - self.ready_at
         if early > 0:
             await asyncio.sleep(early)
         self._trim_backlog()
-        frame = self._source.read(self._frame_samples)
+        if cushion is None:
+            frame = self._source.read(self._frame_samples)
+        else:
+            frame, nudge = cushion.take(self._source, self._frame_samples, slot_start)
+            self._anchor += nudge
         self.taken_at = self._clock()
-        self._track_phase(0.0 if queued else early, left=self._source.available)
+        if cushion is None or not cushion.adaptive:
+            self._track_phase(0.0 if queued else early, left=self._source.available)
+        if len(frame) < self._frame_samples:  # a read cut short (e.g. an interrupt's fade)
+            frame = np.concatenate([frame, self._silence[len(frame) :]])
+        return frame, False
+
+    async def _idle_slot(self, slot_start: float) -> tuple[np.ndarray, bool]:
+        """No audio is due (between utterances): the slot's silence goes at its start.
+
+        Waiting to its end, as for a late hop, would send the first silent frame after an
+        utterance 40 ms after the last audio and every later one 20 ms late: a listener's
+        jitter buffer takes that for a slower network and adds delay to the next words.
+        """
+        early = slot_start - self._clock()
+        if early > 0:
+            await asyncio.sleep(early)
+        if self._has_frame():  # audio came while waiting for the slot: it has the slot
+            return await self._audio_at_slot(slot_start)
+        self.underruns += 1
+        self._idle = True
+        return self._silence, True
+
+    async def _audio_at_slot(self, slot_start: float) -> tuple[np.ndarray, bool]:
+        self.ready_at = self._clock()
+        self._trim_backlog()
+        assert self.cushion is not None
+        frame, _ = self.cushion.take(self._source, self._frame_samples, slot_start)
+        self.taken_at = self._clock()
         return frame, False
 
     def _track_phase(self, wait: float, left: int) -> None:
@@ -166,6 +370,9 @@ class FramePacer:
     def _trim_backlog(self) -> None:
         if self._max_backlog is None:
             return
-        excess = self._source.available - max(self._max_backlog, self._frame_samples)
+        bound = max(self._max_backlog, self._frame_samples)
+        if self.cushion is not None and self.cushion.adaptive:
+            bound = max(bound, round(CUSHION_BACKLOG_SECONDS * RTC_RATE))
+        excess = self._source.available - bound
         if excess > 0:
             self.backlog_dropped += self._source.discard(excess)

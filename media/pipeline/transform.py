@@ -4,7 +4,8 @@
       -> resample to the engine rate -> DropOldestQueue
       -> engine worker: the session's serial queue on the pool, inline for trivial engines,
          or the engine's tick scheduler for batched ones (one model call for all sessions)
-      -> resample to 48 kHz -> OutboundAudio (ring buffer, pacer, Opus) -> transport
+      -> resample to 48 kHz -> OutboundAudio (ring buffer, pacer with a cushion, Opus)
+      -> transport
 
 Frames enter synchronously from the receive path, so the only place backlog can build is
 the bounded queue, where it is dropped and counted. One worker task per session calls the
@@ -32,6 +33,7 @@ from media.pipeline.base import Pipeline, PipelineCounters
 from media.pipeline.events import ENGINE_FAILED, EventSink
 from media.pipeline.latency import InToOutMeter
 from media.pipeline.outbound import OutboundAudio
+from media.pipeline.pacing import OutputCushion
 from media.pipeline.stages import DurationHistogram, TransformStages, timed_resample
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ class TransformPipeline(Pipeline):
             capacity_seconds=OUTPUT_BUFFER_SECONDS,
             max_backlog=max(TRANSFORM_BACKLOG_FRAMES * FRAME_SAMPLES, hop_at_48k + FRAME_SAMPLES),
             on_frame=self._on_frame_sent,
+            cushion=OutputCushion(),  # a late hop is expanded, and its delay shed after
         )
         super().__init__(engine, options, state, executor, emit or _ignore, session_id, output)
         self._to_engine = StreamResampler(RTC_RATE, engine.sample_rate)

@@ -1,19 +1,37 @@
-"""The audio receive path: RTP packets in arrival order to in-order 20 ms PCM frames, fast.
+"""The audio receive path: RTP packets in arrival order, one steady 20 ms frame per 20 ms out.
 
-aiortc's audio path holds four packets (80 ms) in a fixed-prefetch jitter buffer, stalls
-on a lost packet until sixteen more have arrived, decodes in a thread with no loss
-concealment and queues the frames without bound. This path instead:
+aiortc's audio path holds four packets (80 ms) in a fixed-prefetch jitter buffer, stalls on
+a lost packet until sixteen more have arrived, decodes in a thread with no loss concealment
+and queues the frames without bound. This path is a playout buffer in the manner of
+libwebrtc's NetEq instead:
 
-- releases a packet the moment it is next in sequence (no fixed prefetch);
-- when a packet is missing, waits for it at most ``margin`` (zero on a clean link), then
-  conceals it: from the next packet's in-band FEC copy when there is one, else with libopus
-  packet-loss concealment; gaps longer than ``MAX_CONCEALED_FRAMES`` are skipped, not
-  filled with a long synthetic tail;
-- adapts ``margin`` to the reordering it measures: a packet that arrives after its slot was
-  concealed raises the margin to cover that lateness, and quiet periods let it decay;
-- drops packets that arrive too late or twice (counted), so delay never accumulates;
-- decodes inline (tens of microseconds) straight to float32 mono, with no thread hop;
-- drops, undecoded, media a sender delivers beyond real time plus a burst allowance
+- a packet is decoded (libopus, inline, straight to float32 mono) the moment it is next in
+  sequence; one that comes out of order waits in a small packet buffer;
+- its own timer on the loop hands the sink one 20 ms frame per 20 ms slot, so what follows
+  gets a steady 50 frames a second: a slot's frame goes as soon as its audio is there, never
+  before the slot starts, and a slot that ends with too little audio is completed by
+  libopus's PLC (it continues the decoder's own signal, so the next packet decodes on from
+  it), and after ``MAX_CONCEALED_FRAMES`` of that by expanding the past audio
+  (``media.audio.splice``): there is no hard silence inside audio. When the stream carries
+  FEC the slot waits ``FEC_GRACE_S`` longer, for the next packet and its copy;
+- the *playout delay* is how far the slot grid runs behind the earliest expected arrival of
+  the audio being played (``PlayoutDelayEstimator.expected_arrival``). It follows the target
+  that the estimator derives from the arrival statistics (``target - 20 ms``: a packet may
+  always be up to one slot late for free), as ``media.audio.delay_control`` decides: an
+  error of a few milliseconds moves the slot grid (no audio is touched), a larger one is
+  worked off by time-scale modification, accelerating when the buffer plays later than
+  needed and expanding ahead of time when the target has risen; an expansion while a
+  packet is late raises it by itself;
+- a packet later than the target allows, with a later packet already there, is lost: its
+  time is skipped if an expansion already filled it, else it is concealed from the later
+  packet's in-band FEC when that has a copy, or by libopus PLC (at most
+  ``MAX_CONCEALED_FRAMES`` in a row). If it turns up after that it is dropped as late;
+- a packet libopus cannot decode, or that decodes to a duration its stream's timestamps
+  rule out (random bytes often "decode" to loud noise), is a lost packet, counted
+  (``undecodable``), never an exception: aiortc calls this path from its DTLS loop, which
+  an exception would end. A stream that stays undecodable is muted, and after
+  ``UNDECODABLE_ERROR_S`` reported once through ``on_error``;
+- media a sender delivers beyond real time plus a burst allowance is dropped undecoded
   (counted as ``over_real_time``): a caller cannot buy more than real time.
 
 ``AudioReceivePath.add`` has the signature of aiortc's ``JitterBuffer.add``, so
@@ -24,31 +42,56 @@ stock buffer. It is an ``AudioInput`` of the pipeline it feeds.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import contextlib
+import logging
+import math
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from media.audio.delay_control import DelayControl
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
-from media.audio.opus import OpusDecoder, packet_has_fec
+from media.audio.opus import MAX_FRAME_SAMPLES, OpusDecoder, OpusError, packet_has_fec
+from media.audio.playout_delay import PlayoutDelayEstimator
+from media.audio.splice import XFADE, Splicer
 from media.pipeline.base import ReceiveStats
+
+log = logging.getLogger(__name__)
 
 SEQ_MOD = 1 << 16
 TS_MOD = 1 << 32
+FRAME_SECONDS = FRAME_SAMPLES / RTC_RATE
 MAX_MISORDER = 100  # a sequence jump beyond this is a new stream, not a gap
-MAX_CONCEALED_FRAMES = 3  # 60 ms: beyond that PLC is noise; the pacer plays silence instead
-MAX_MARGIN_S = 0.08
-MARGIN_HEADROOM_S = 0.002
-MARGIN_DECAY_PER_S = 0.002  # margin shrinks by 2 ms per second without late packets
-REMEMBERED_CONCEALMENTS = 64
+MAX_CONCEALED_FRAMES = 3  # 60 ms of PLC in a row at most: beyond that PLC is noise
+REMEMBERED_LOSSES = 64  # lost sequence numbers kept, to tell a late packet from a duplicate
+MAX_BUFFER_S = 1.0  # decoded audio held at most (the target's ceiling is 0.5 s)
+LOSS_TOLERANCE_S = 0.001  # timer rounding, when judging whether a packet is past its time
+# The target's resolution: 5 ms, as 10 ms edges cost up to 10 ms more on every leg.
+DELAY_BUCKET_S = 0.005
+# A missing packet's slot waits this much past its end when the stream carries FEC: the
+# next packet, due about then, rebuilds it from its copy (better than concealment).
+FEC_GRACE_S = 0.005
+PLC_QUANTUM = RTC_RATE // 400  # libopus conceals in 2.5 ms steps
+IDLE_AFTER_S = 1.0  # no packet for this long, with the expansion faded out: stop the slots
 JITTER_GAIN = 1 / 16  # RFC 3550 interarrival jitter filter
 # Media a sender may deliver beyond real time, as a burst: what a network that held packets
 # (a Wi-Fi stall of up to ~300 ms, then a flush) releases at once, with room to spare.
 BURST_ALLOWANCE_S = 0.5
+# Undecodable packets: a stream with at least DISTRUST_AT of the last DISTRUST_WINDOW
+# undecodable is muted until fewer than TRUST_AT are; muted for UNDECODABLE_ERROR_S, it is
+# reported. The log says so at most once every LOG_INTERVAL_S.
+DISTRUST_WINDOW = 50
+DISTRUST_AT = 25
+TRUST_AT = 5
+UNDECODABLE_ERROR_S = 5.0
+LOG_INTERVAL_S = 10.0
+UNDECODABLE_AUDIO = "undecodable_audio"  # the error code reported through on_error
 
 FrameSink = Callable[[np.ndarray], None]
+ErrorSink = Callable[[str, str], None]  # (code, message)
 
 
 class RealTimeBudget:
@@ -86,8 +129,63 @@ class _Pending:
     arrived: float
 
 
+class _Decoded:
+    """Decoded audio waiting to be played, with each piece's RTP timestamp and arrival."""
+
+    def __init__(self) -> None:
+        self._pieces: deque[tuple[np.ndarray, int, float]] = deque()
+        self._offset = 0  # samples of the first piece already played
+        self.samples = 0
+
+    def push(self, pcm: np.ndarray, timestamp: int, arrived: float) -> None:
+        if len(pcm):
+            self._pieces.append((pcm, timestamp, arrived))
+            self.samples += len(pcm)
+
+    def head(self, samples: int) -> np.ndarray:
+        """A copy of the first ``samples`` (fewer if fewer are held)."""
+        parts, need, offset = [], samples, self._offset
+        for pcm, _, _ in self._pieces:
+            if need <= 0:
+                break
+            part = pcm[offset : offset + need]
+            parts.append(part)
+            need -= len(part)
+            offset = 0
+        if not parts:
+            return np.zeros(0, np.float32)
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    @property
+    def head_timestamp(self) -> int | None:
+        if not self._pieces:
+            return None
+        return (self._pieces[0][1] + self._offset) % TS_MOD
+
+    def drop(self, samples: int) -> float | None:
+        """Remove the first ``samples``; returns when the piece holding the last one arrived."""
+        arrived = None
+        samples = min(samples, self.samples)
+        self.samples -= samples
+        while samples > 0:
+            pcm, _, arrived = self._pieces[0]
+            left = len(pcm) - self._offset
+            if samples < left:
+                self._offset += samples
+                return arrived
+            samples -= left
+            self._pieces.popleft()
+            self._offset = 0
+        return arrived
+
+    def clear(self) -> None:
+        self._pieces.clear()
+        self._offset = 0
+        self.samples = 0
+
+
 class AudioReceivePath:
-    """Reorders, conceals and decodes one incoming Opus stream into a frame sink."""
+    """Reorders, conceals, decodes and plays out one incoming Opus stream into a frame sink."""
 
     def __init__(
         self,
@@ -96,26 +194,52 @@ class AudioReceivePath:
         clock: Callable[[], float] | None = None,
         call_at: Callable[[float, Callable[[], None]], Any] | None = None,
         decoder: OpusDecoder | None = None,
+        on_error: ErrorSink | None = None,
     ) -> None:
         loop = asyncio.get_running_loop() if clock is None or call_at is None else None
         self._sink = sink
         self._clock = clock or loop.time  # type: ignore[union-attr]
         self._call_at = call_at or loop.call_at  # type: ignore[union-attr]
         self._decoder = decoder or OpusDecoder(channels=1)
-        self._pending: dict[int, _Pending] = {}
+        self.on_error = on_error
+        self._pending: dict[int, _Pending] = {}  # packets after a gap
         self._next_seq: int | None = None
-        self._last_timestamp: int | None = None
-        self._frame_samples = FRAME_SAMPLES
-        self._margin = 0.0
-        self._last_late_at: float | None = None
-        self._concealed_at: OrderedDict[int, float] = OrderedDict()
-        self._timer: Any = None
+        self._next_timestamp: int | None = None  # RTP timestamp the next packet should have
+        self._last_timestamp: int | None = None  # ...of the last one decoded or concealed
+        self._frame_samples = FRAME_SAMPLES  # the stream's packet duration, from timestamps
+        self._learnt_frame = False
+        self._previous: tuple[int, int] | None = None  # (seq, timestamp) of the last arrival
+        self._decoded = _Decoded()
+        self._splicer = Splicer()
+        self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
+        self._covered = 0  # samples expanded while waiting for the next packet
+        self._concealed_run = 0  # frames of PLC since the last packet decoded
+        # PLC played in place of a packet still awaited: libopus's state is that far ahead.
+        self._concealed_ahead = 0
+        self._stream_has_fec = False  # the last packet decoded carried an FEC copy
+        self._lost_at: OrderedDict[int, float] = OrderedDict()
         self._transit: float | None = None
         self._closed = False
         self._budget = RealTimeBudget(BURST_ALLOWANCE_S, self._clock())
+        # The slot grid: slot k starts at anchor + k * 20 ms; the next to play is ``_slot``.
+        self._anchor: float | None = None
+        self._slot = 0
+        self._timer: Any = None
+        self._waiting = False  # the current slot has started and waits for audio
+        self._idle = False
+        self._last_arrival = -math.inf
+        self._control_steps = DelayControl()
+        self._nudge = 0.0
+        # Undecodable packets.
+        self._recent_bad: deque[bool] = deque(maxlen=DISTRUST_WINDOW)
+        self._tainted = False  # the decoder's state came from a packet that was not audio
+        self._distrust_since: float | None = None
+        self._reported = False
+        self._logged_at = -math.inf
+        self._unlogged = 0
         self.stats = ReceiveStats()
-        # When the packet behind the frame being handed to the sink arrived (for a concealed
-        # frame: the packet after the gap, whose arrival started the wait). The sink reads it.
+        # When the packet behind the frame being handed to the sink arrived (for a frame of
+        # expansion: when it was made). The sink reads it.
         self.arrived_at = 0.0
 
     # The JitterBuffer interface aiortc's receiver calls for every audio packet.
@@ -124,8 +248,16 @@ class AudioReceivePath:
         return MAX_MISORDER
 
     def add(self, packet: Any) -> tuple[bool, None]:
-        self.receive(packet.sequence_number, packet.timestamp, bytes(packet.payload))
+        try:
+            self.receive(packet.sequence_number, packet.timestamp, bytes(packet.payload))
+        except Exception:  # an exception here would end aiortc's DTLS loop, and the call
+            log.exception("the receive path failed on a packet; it is dropped")
         return False, None
+
+    @property
+    def target_delay(self) -> float:
+        """The estimator's target playout delay, seconds (one frame at least)."""
+        return self._estimator.target
 
     def receive(self, seq: int, timestamp: int, payload: bytes) -> None:
         """Take one RTP packet as it arrives."""
@@ -134,62 +266,84 @@ class AudioReceivePath:
         now = self._clock()
         self.stats.packets += 1
         self._update_jitter(timestamp, now)
-        self._decay_margin(now)
         if self._next_seq is None:
-            self._next_seq = seq
+            self._next_seq, self._next_timestamp = seq, timestamp
         delta = _seq_delta(seq, self._next_seq)
-        if delta < 0:
-            if -delta > MAX_MISORDER:
-                self._restart(seq)
-            else:
-                self._late(seq, now)
-                return
-        elif delta > MAX_MISORDER:
-            self._restart(seq)
+        if delta < 0 and -delta <= MAX_MISORDER:
+            if self._lost_at.pop(seq, None) is None:
+                self.stats.duplicates += 1
+            else:  # it came after its time was given up: its lateness is worth knowing
+                self.stats.late_dropped += 1
+                self._estimator.add(timestamp, now)
+            return
+        if abs(delta) > MAX_MISORDER:
+            self._restart(seq, timestamp)
+        elif self._idle and delta > 0:
+            self._resume_after_idle(seq, timestamp)
         if seq in self._pending:
             self.stats.duplicates += 1
             return
+        self._learn_frame(seq, timestamp)
+        self._estimator.add(timestamp, now)
         if payload and not self._budget.spend(self._frame_samples / RTC_RATE, now):
-            # Beyond real time: it keeps its place in the sequence (no gap to conceal) but
-            # is never decoded.
+            # Beyond real time: it keeps its place in the sequence but is never decoded.
             self.stats.over_real_time += 1
             payload = b""
         self._pending[seq] = _Pending(timestamp, payload, now)
-        self._release(now)
+        self._last_arrival = now
+        self._drain(now)
+        self._bound(now)
+        if self._anchor is None or self._idle:
+            self._idle = False
+            self._anchor, self._slot = now, 0
+            self._control_steps.rebase()
+            self._fire(now)
+        elif self._waiting and now >= self._slot_start() and self._can_play(now):
+            self._fire(now)
 
     def close(self) -> None:
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()
         self._pending.clear()
+        self._decoded.clear()
         self._decoder.close()
 
-    def _restart(self, seq: int) -> None:
-        """A new stream (sender restart or a huge gap): forget the old sequence."""
+    # --- packets -------------------------------------------------------------------------
+
+    def _restart(self, seq: int, timestamp: int) -> None:
+        """A new stream (sender restart or a huge gap): forget the old sequence and timing.
+
+        The audio already decoded goes too (its timing belongs to the old stream); the next
+        frame is merged in from what was played, so the listener hears no break.
+        """
         self._pending.clear()
-        self._next_seq = seq
+        self._decoded.clear()
+        self._next_seq, self._next_timestamp = seq, timestamp
         self._last_timestamp = None
+        self._previous = None
+        self._learnt_frame = False
+        self._covered = 0
+        self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
 
-    def _late(self, seq: int, now: float) -> None:
-        concealed = self._concealed_at.pop(seq, None)
-        if concealed is None:
-            self.stats.duplicates += 1
-            return
-        self.stats.late_dropped += 1
-        self._last_late_at = now
-        wanted = self._margin + (now - concealed) + MARGIN_HEADROOM_S
-        self._margin = min(MAX_MARGIN_S, wanted)
-        self.stats.margin_ms = round(self._margin * 1000, 1)
+    def _resume_after_idle(self, seq: int, timestamp: int) -> None:
+        """Packets again after the slots stopped: what was missed meanwhile is long gone."""
+        assert self._next_seq is not None
+        self.stats.skipped += _seq_delta(seq, self._next_seq)
+        self._pending.clear()
+        self._next_seq, self._next_timestamp = seq, timestamp
+        self._covered = 0
 
-    def _decay_margin(self, now: float) -> None:
-        if self._margin <= 0 or self._last_late_at is None:
+    def _learn_frame(self, seq: int, timestamp: int) -> None:
+        """The stream's packet duration, from the timestamps of consecutive packets."""
+        previous, self._previous = self._previous, (seq, timestamp)
+        if previous is None or _seq_delta(seq, previous[0]) != 1:
             return
-        quiet = now - self._last_late_at
-        if quiet > 1.0:
-            self._margin = max(0.0, self._margin - MARGIN_DECAY_PER_S * quiet)
-            self._last_late_at = now
-            self.stats.margin_ms = round(self._margin * 1000, 1)
+        step = (timestamp - previous[1]) % TS_MOD
+        if 0 < step <= MAX_FRAME_SAMPLES and step % (RTC_RATE // 400) == 0:
+            if step != self._frame_samples:
+                self._frame_samples, self._learnt_frame = step, False
+            else:
+                self._learnt_frame = True
 
     def _update_jitter(self, timestamp: int, now: float) -> None:
         transit = now - timestamp / RTC_RATE
@@ -201,74 +355,331 @@ class AudioReceivePath:
                 self.stats.jitter_ms = round(jitter * 1000, 2)
         self._transit = transit
 
-    def _release(self, now: float) -> None:
+    def _drain(self, now: float) -> None:
+        """Decode every packet that is next in sequence."""
         assert self._next_seq is not None
-        while self._pending:
-            packet = self._pending.pop(self._next_seq, None)
-            if packet is not None:
-                if packet.payload:  # a padding-only packet holds its place but no audio
-                    self.arrived_at = packet.arrived
-                    self._emit(self._decode(packet))
-                self._next_seq = (self._next_seq + 1) % SEQ_MOD
-                continue
-            first_waiting = min(p.arrived for p in self._pending.values())
-            deadline = first_waiting + self._margin
-            if now < deadline:
-                self._arm_timer(deadline)
-                return
-            self._fill_gap(now)
+        while (packet := self._pending.pop(self._next_seq, None)) is not None:
+            if packet.payload:  # a padding-only packet holds its place but no audio
+                self._decode(packet, now)
+            self._last_timestamp = packet.timestamp
+            self._next_timestamp = (packet.timestamp + self._frame_samples) % TS_MOD
+            self._next_seq = (self._next_seq + 1) % SEQ_MOD
 
-    def _fill_gap(self, now: float) -> None:
-        """Conceal the missing packets before the earliest one waiting, or skip them."""
-        assert self._next_seq is not None
+    def _decode(self, packet: _Pending, now: float) -> None:
+        pcm: np.ndarray | None
+        try:
+            pcm = self._decoder.decode(packet.payload)
+            failed = False
+        except OpusError:
+            pcm, failed = None, True
+        if pcm is not None and self._learnt_frame and len(pcm) != self._frame_samples:
+            pcm = None  # libopus made something of it, but not this stream's audio
+            self._tainted = True
+        bad = pcm is None
+        self._recent_bad.append(bad)
+        self._judge_stream(now)
+        if bad:
+            self._undecodable(now)
+            if failed and not self._tainted and self._distrust_since is None:
+                self._push_concealment(self._frame_samples, packet.timestamp, packet.arrived)
+            return
+        assert pcm is not None
+        self._tainted = False
+        if self._distrust_since is not None:
+            return  # a muted stream: a decodable packet among noise is noise too
+        self._decoded.push(pcm, packet.timestamp, packet.arrived)
+        self._covered = 0  # the packet waited for has come: the expansion stretched time
+        self._concealed_run = 0
+        self._concealed_ahead = 0
+        self._stream_has_fec = packet_has_fec(packet.payload)
+
+    def _push_concealment(self, samples: int, timestamp: int, arrived: float) -> None:
+        try:
+            pcm = self._decoder.conceal(samples)
+        except OpusError:
+            return
+        self._decoded.push(pcm, timestamp, arrived)
+        self.stats.concealed += 1
+        self._concealed_run += 1
+
+    def _bound(self, now: float) -> None:
+        """Keep the packet buffer and the decoded audio within their bounds."""
+        while len(self._pending) > MAX_MISORDER // 2:
+            self._lose_gap(now)
+            self._drain(now)
+        excess = self._decoded.samples - int(MAX_BUFFER_S * RTC_RATE)
+        if excess > 0:
+            self._decoded.drop(excess)
+            self.stats.dropped_ms += round(1000 * excess / RTC_RATE, 1)
+
+    # --- losses --------------------------------------------------------------------------
+
+    def _gap_is_lost(self, now: float) -> bool:
+        """The next packet is missing, a later one is here, and it is past the target; or
+        its slot has run out and the packet after it carries its FEC copy (real audio now
+        beats waiting on with expansion for a packet that is probably lost)."""
+        if not self._pending or self._next_timestamp is None or self._next_seq is None:
+            return False
+        expected = self._estimator.expected_arrival(self._next_timestamp)
+        if expected is None or now - expected >= self._estimator.target - LOSS_TOLERANCE_S:
+            return True
+        after = self._pending.get((self._next_seq + 1) % SEQ_MOD)
+        slot_over = self._anchor is not None and (
+            now >= self._slot_start() + FRAME_SECONDS - LOSS_TOLERANCE_S
+        )
+        return slot_over and after is not None and packet_has_fec(after.payload)
+
+    def _lose_gap(self, now: float) -> None:
+        """Give up the packets missing before the earliest one waiting: skip or conceal each."""
+        assert self._next_seq is not None and self._next_timestamp is not None
         following = min(self._pending, key=lambda s: _seq_delta(s, self._next_seq))  # type: ignore[arg-type]
         missing = _seq_delta(following, self._next_seq)
-        samples = self._gap_samples(self._pending[following].timestamp, missing)
-        self.arrived_at = self._pending[following].arrived
+        after = self._pending[following]
+        samples = self._gap_samples(after.timestamp, missing)
+        concealed = 0
         for index in range(missing):
             seq = (self._next_seq + index) % SEQ_MOD
-            self._concealed_at[seq] = now
-            if len(self._concealed_at) > REMEMBERED_CONCEALMENTS:
-                self._concealed_at.popitem(last=False)
-            if index < missing - MAX_CONCEALED_FRAMES:
+            self._remember_lost(seq, now)
+            timestamp = (self._next_timestamp + index * samples) % TS_MOD
+            if self._covered >= samples:  # its time was played already
+                self._covered -= samples
+                if self._concealed_ahead >= samples:  # by PLC: it was concealed
+                    self._concealed_ahead -= samples
+                    self.stats.concealed += 1
+                    continue
+                self.stats.skipped += 1  # by an expansion
+                if not self._tainted and index >= missing - MAX_CONCEALED_FRAMES:
+                    self._quietly_conceal(samples)  # libopus's state in step with the stream
+                continue
+            played = self._covered  # part of its time, played already
+            self._covered = self._concealed_ahead = 0
+            if concealed >= MAX_CONCEALED_FRAMES or self._tainted or self._distrust_since:
                 self.stats.skipped += 1
                 continue
-            payload = self._pending[following].payload
-            if index == missing - 1 and packet_has_fec(payload):
-                self._emit(self._decoder.recover(payload, samples))
-                self.stats.recovered_fec += 1
-            else:
-                self._emit(self._decoder.conceal(samples))
-            self.stats.concealed += 1
-        self._next_seq = following
+            if index == missing - 1 and packet_has_fec(after.payload):
+                try:
+                    pcm = self._decoder.recover(after.payload, samples)
+                except OpusError:
+                    pcm = np.zeros(0, np.float32)
+                if len(pcm):
+                    self._decoded.push(pcm, timestamp, after.arrived)
+                    self.stats.recovered_fec += 1
+                    self.stats.concealed += 1
+                    concealed += 1
+                    continue
+            rest = -(-(samples - played) // PLC_QUANTUM) * PLC_QUANTUM  # PLC for the rest
+            self._push_concealment(rest, (timestamp + played) % TS_MOD, after.arrived)
+            concealed += 1
+        self._next_seq, self._next_timestamp = following, after.timestamp
+
+    def _remember_lost(self, seq: int, now: float) -> None:
+        self._lost_at[seq] = now
+        if len(self._lost_at) > REMEMBERED_LOSSES:
+            self._lost_at.popitem(last=False)
+
+    def _conceal_in_place(self, now: float) -> int:
+        """The slot's deadline has passed without its audio: libopus's PLC fills it.
+
+        Concealment continues the decoder's own signal, where an expansion of what was
+        played would have to be merged back into it. It stands in for the missing packet
+        as an expansion does: should the packet come after all it is played after it (the
+        delay grows, and is shed later), and should a later one come first it is skipped,
+        its time played (and counted as concealed). After ``MAX_CONCEALED_FRAMES`` in a
+        row (a stall, not a loss) the slots are expanded and faded instead. Returns the
+        samples concealed.
+        """
+        if (
+            self._next_timestamp is None
+            or self._concealed_run >= MAX_CONCEALED_FRAMES
+            or self._splicer.expanding
+            or self._tainted
+            or self._distrust_since is not None
+            or self._last_timestamp is None  # nothing decoded yet: nothing to continue
+        ):
+            return 0
+        short = FRAME_SAMPLES - self._decoded.samples
+        samples = -(-short // PLC_QUANTUM) * PLC_QUANTUM
+        try:
+            pcm = self._decoder.conceal(samples)
+        except OpusError:
+            return 0
+        self._decoded.push(pcm, self._next_timestamp, now)
+        self._covered += samples
+        self._concealed_ahead += samples
+        self._concealed_run += 1
+        # Time played while waiting, as an expansion; if the packet is lost after all, it
+        # counts as concealed then.
+        stats = self.stats
+        stats.expanded_ms = round(stats.expanded_ms + 1000 * samples / RTC_RATE, 1)
+        return samples
+
+    def _quietly_conceal(self, samples: int) -> None:
+        with contextlib.suppress(OpusError):
+            self._decoder.conceal(samples)
 
     def _gap_samples(self, following_timestamp: int, missing: int) -> int:
         """Samples per missing packet, from the timestamps around the gap (2.5 ms units)."""
-        if self._last_timestamp is None:
+        if self._next_timestamp is None or not missing:
             return self._frame_samples
-        span = (following_timestamp - self._last_timestamp) % TS_MOD - self._frame_samples
-        per_packet = span // missing if missing else self._frame_samples
+        span = (following_timestamp - self._next_timestamp) % TS_MOD
+        per_packet = span // missing
         quantum = RTC_RATE // 400
-        per_packet = max(quantum, min(per_packet, 2880)) // quantum * quantum
-        return per_packet
+        return max(quantum, min(per_packet, 2880)) // quantum * quantum
 
-    def _decode(self, packet: _Pending) -> np.ndarray:
-        pcm = self._decoder.decode(packet.payload)
-        self._last_timestamp = packet.timestamp
-        if len(pcm):
-            self._frame_samples = len(pcm)
-        return pcm
+    # --- undecodable audio ---------------------------------------------------------------
 
-    def _emit(self, pcm: np.ndarray) -> None:
-        self.stats.frames += 1
-        self._sink(pcm)
+    def _undecodable(self, now: float) -> None:
+        self.stats.undecodable += 1
+        self._unlogged += 1
+        if now - self._logged_at >= LOG_INTERVAL_S:
+            log.warning(
+                "%d undecodable audio packet(s) concealed (the caller sends something that is "
+                "not Opus audio)",
+                self._unlogged,
+            )
+            self._logged_at, self._unlogged = now, 0
 
-    def _arm_timer(self, deadline: float) -> None:
+    def _judge_stream(self, now: float) -> None:
+        """Mute a stream that is mostly undecodable; report it once it has been for long."""
+        bad = sum(self._recent_bad)
+        if self._distrust_since is None:
+            if bad >= DISTRUST_AT:
+                self._distrust_since = now
+                self._decoded.clear()
+            return
+        if bad < TRUST_AT:
+            self._distrust_since, self._reported = None, False
+            return
+        if not self._reported and now - self._distrust_since >= UNDECODABLE_ERROR_S:
+            self._reported = True
+            if self.on_error is not None:
+                self.on_error(
+                    UNDECODABLE_AUDIO,
+                    f"No decodable audio for {UNDECODABLE_ERROR_S:.0f} s: the caller's packets "
+                    "are not Opus audio. They are concealed as lost and the call goes on.",
+                )
+
+    # --- playout -------------------------------------------------------------------------
+
+    def _slot_start(self) -> float:
+        assert self._anchor is not None
+        return self._anchor + self._slot * FRAME_SECONDS
+
+    def _slot_deadline(self, start: float) -> float:
+        """When a slot without its audio gives up waiting: at its end, or a little after
+        when the stream carries FEC (the next packet, due about then, holds a copy)."""
+        return start + FRAME_SECONDS + (FEC_GRACE_S if self._stream_has_fec else 0.0)
+
+    def _can_play(self, now: float) -> bool:
+        """A whole frame of audio is there for the current slot, or can be made (a loss)."""
+        if self._decoded.samples >= FRAME_SAMPLES:
+            return True
+        return bool(self._pending) and self._gap_is_lost(now)
+
+    def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self._call_at(deadline, self._on_timer)
+            self._timer = None
+
+    def _arm(self, when: float, waiting: bool) -> None:
+        self._cancel_timer()
+        self._waiting = waiting
+        self._timer = self._call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._pending:
-            self._release(self._clock())
+        if self._closed or self._anchor is None:
+            return
+        now = self._clock()
+        start = self._slot_start()
+        if now + LOSS_TOLERANCE_S < start:
+            self._arm(start, waiting=False)  # woke early (the grid moved)
+        elif self._can_play(now) or now >= self._slot_deadline(start) - LOSS_TOLERANCE_S:
+            self._fire(now)
+        else:
+            self._arm(self._slot_deadline(start), waiting=True)
+
+    def _fire(self, now: float) -> None:
+        """Play the current slot: one frame to the sink, then set up the next slot."""
+        self._cancel_timer()
+        self._waiting = False
+        start = self._slot_start()
+        if now - start > 2 * FRAME_SECONDS:
+            # The loop was held up: the slots that passed are gone (their audio is not).
+            behind = int((now - start) / FRAME_SECONDS)
+            self._slot += behind
+            self.stats.skipped_slots += behind
+            start = self._slot_start()
+        try:
+            self._play(now, start)
+        except Exception:
+            log.exception("the receive path failed to play a frame")
+        self._slot += 1
+        if self._nudge:
+            self._anchor += self._nudge  # type: ignore[operator]
+            self._nudge = 0.0
+        if self._should_idle(now):
+            self._idle = True
+            return
+        start = self._slot_start()
+        if self._can_play(now):
+            self._arm(start, waiting=False)
+        else:
+            self._arm(max(start, now), waiting=False)
+
+    def _play(self, now: float, start: float) -> None:
+        while self._pending and self._next_seq not in self._pending and self._gap_is_lost(now):
+            self._lose_gap(now)
+            self._drain(now)
+        concealed = 0
+        if (
+            self._decoded.samples < FRAME_SAMPLES
+            and self._next_seq not in self._pending
+            and now >= self._slot_deadline(start) - LOSS_TOLERANCE_S
+            and now - self._last_arrival < IDLE_AFTER_S
+        ):
+            concealed = self._conceal_in_place(now)
+        change = self._control(start)
+        ahead = self._decoded.head(FRAME_SAMPLES + max(change, 0) + 2 * XFADE)
+        frame, used = self._splicer.play(ahead, FRAME_SAMPLES, change)
+        arrived = self._decoded.drop(used) if used else None
+        splicer = self._splicer
+        if used and not concealed:
+            self._covered = splicer.expanded
+        else:
+            self._covered += splicer.expanded
+        stats = self.stats
+        stats.expanded_ms = round(stats.expanded_ms + 1000 * splicer.expanded / RTC_RATE, 1)
+        stats.accelerated_ms = round(
+            stats.accelerated_ms + 1000 * (splicer.accelerated + splicer.skipped) / RTC_RATE, 1
+        )
+        stats.preemptive_ms = round(stats.preemptive_ms + 1000 * splicer.preemptive / RTC_RATE, 1)
+        stats.frames += 1
+        self.arrived_at = arrived if arrived is not None else now
+        self._sink(frame)
+
+    def _control(self, start: float) -> int:
+        """The time-scale step this slot should take toward the target delay (samples)."""
+        timestamp = self._decoded.head_timestamp
+        if timestamp is None:
+            timestamp = self._next_timestamp
+        expected = None if timestamp is None else self._estimator.expected_arrival(timestamp)
+        target = self._estimator.target
+        wanted = max(0.0, target - FRAME_SECONDS)
+        self.stats.target_ms = round(1000 * target, 1)
+        self.stats.margin_ms = round(1000 * wanted, 1)
+        if expected is None or self._splicer.expanding:
+            return 0
+        delay = start - expected
+        self.stats.delay_ms = round(1000 * delay, 1)
+        surplus = self._decoded.samples - FRAME_SAMPLES
+        change, self._nudge = self._control_steps.step(delay, wanted, surplus)
+        return change
+
+    def _should_idle(self, now: float) -> bool:
+        return (
+            self._splicer.faded
+            and not self._pending
+            and not self._decoded.samples
+            and now - self._last_arrival >= IDLE_AFTER_S
+        )

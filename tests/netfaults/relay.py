@@ -15,6 +15,7 @@ relay: cutting the relay cuts the call.
                     answer_filter=relay.rewrite_answer)
     ...connect...
     relay.impair(Impairment(loss=0.05, jitter_ms=30))   # both directions
+    relay.impair(Impairment(spike_every_s=4))           # Wi-Fi: 100-300 ms holds
     relay.to_client.impairment = Impairment(loss=0.2)   # or one direction
     relay.blackout(1.5)                                  # both directions; blackout() is forever
     relay.to_server.stats.lost                           # per-direction counters
@@ -70,18 +71,34 @@ class Impairment:
     ``loss``: probability it is dropped. ``jitter_ms``: extra delay drawn uniformly from
     ``[0, jitter_ms]``, which also reorders datagrams closer together than the spread.
     ``reorder``: probability it is held back and sent right after the next datagram.
+    ``burst_loss``: probability that a datagram starts a burst of losses, of
+    ``burst_packets`` datagrams (drawn uniformly from the range) counting itself.
+    ``spike_every_s``: Wi-Fi-like delay spikes, about this often (each interval drawn from
+    half to one and a half times it): the link holds every datagram for ``spike_ms``
+    (drawn uniformly from the range), then releases them together, in order.
     """
 
     loss: float = 0.0
     jitter_ms: float = 0.0
     reorder: float = 0.0
+    burst_loss: float = 0.0
+    burst_packets: tuple[int, int] = (3, 6)
+    spike_every_s: float = 0.0
+    spike_ms: tuple[float, float] = (100.0, 300.0)
 
     def __post_init__(self) -> None:
-        for name in ("loss", "reorder"):
+        for name in ("loss", "reorder", "burst_loss"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} is a probability, got {getattr(self, name)}")
         if not 0.0 <= self.jitter_ms < math.inf:
             raise ValueError(f"jitter_ms must be >= 0 and finite, got {self.jitter_ms}")
+        if not 0.0 <= self.spike_every_s < math.inf:
+            raise ValueError(f"spike_every_s must be >= 0 and finite, got {self.spike_every_s}")
+        low, high = self.spike_ms
+        if not 0.0 <= low <= high < math.inf:
+            raise ValueError(f"spike_ms must be a range of durations, got {self.spike_ms}")
+        if not 1 <= self.burst_packets[0] <= self.burst_packets[1]:
+            raise ValueError(f"burst_packets must be a range of counts, got {self.burst_packets}")
 
 
 @dataclass
@@ -90,10 +107,11 @@ class LinkStats:
 
     received: int = 0
     forwarded: int = 0
-    lost: int = 0  # dropped by the loss probability
+    lost: int = 0  # dropped by the loss probability (bursts included)
     blacked_out: int = 0  # dropped during a blackout
     send_failed: int = 0  # the kernel refused the datagram (full buffer, closed peer)
     reordered: int = 0  # forwarded, but after a datagram that arrived later
+    held: int = 0  # held by a delay spike
 
     @property
     def dropped(self) -> int:
@@ -113,6 +131,13 @@ class Link:
         self._held: Send | None = None
         self._held_timer: asyncio.TimerHandle | None = None
         self._timers: set[asyncio.TimerHandle] = set()
+        self._burst_left = 0
+        self._next_spike: float | None = None
+        self._hold_until = -math.inf
+        self._held_in_spike = 0
+        self._queued_behind = 0  # datagrams a spike released that are not sent yet
+        self._last_release = -math.inf
+        self.spikes: list[tuple[float, float]] = []  # (start, release) in loop time
 
     @property
     def blacked_out(self) -> bool:
@@ -136,10 +161,23 @@ class Link:
             self.stats.blacked_out += 1
             return
         impairment, rng = self.impairment, self._rng
+        if self._burst_left:
+            self._burst_left -= 1
+            self.stats.lost += 1
+            return
+        if impairment.burst_loss and rng.random() < impairment.burst_loss:
+            self._burst_left = rng.randint(*impairment.burst_packets) - 1
+            self.stats.lost += 1
+            return
         if impairment.loss and rng.random() < impairment.loss:
             self.stats.lost += 1
             return
         delay = rng.uniform(0.0, impairment.jitter_ms / 1000) if impairment.jitter_ms else 0.0
+        now = self._loop.time()
+        release = self._spike_release(now)
+        if release is not None:
+            self._schedule_held(max(now + delay, release), send)
+            return
         if self._held is None and impairment.reorder and rng.random() < impairment.reorder:
             self._held = send
             self._held_timer = self._loop.call_later(REORDER_MAX_HOLD_S, self._release_held)
@@ -151,6 +189,48 @@ class Link:
         self._cancel_held_timer()
         self.stats.reordered += 1
         self._schedule(delay, send, held)
+
+    def _spike_release(self, now: float) -> float | None:
+        """When a delay spike releases a datagram that comes now (None: no spike now).
+
+        Datagrams held by one spike leave together at its release, 10 us apart in the
+        order they came, and nothing that comes after overtakes them, however late the
+        loop runs their timers.
+        """
+        every = self.impairment.spike_every_s
+        if every and self._next_spike is None:
+            self._next_spike = now + self._rng.uniform(0.5, 1.5) * every
+        if every and self._next_spike is not None:
+            if now >= self._next_spike and now >= self._hold_until:
+                hold = self._rng.uniform(*self.impairment.spike_ms) / 1000
+                self._hold_until = now + hold
+                self._held_in_spike = 0
+                self._next_spike = self._hold_until + self._rng.uniform(0.5, 1.5) * every
+                self.spikes.append((now, self._hold_until))
+        elif not every:
+            self._next_spike = None
+        if now < self._hold_until:
+            self.stats.held += 1
+            self._held_in_spike += 1
+            release = self._hold_until + 1e-5 * self._held_in_spike
+        elif self._queued_behind:  # released ones the loop has not sent yet: queue behind
+            release = self._last_release + 1e-5
+        else:
+            return None
+        self._last_release = max(self._last_release, release)
+        return release
+
+    def _schedule_held(self, at: float, send: Send) -> None:
+        timer: asyncio.TimerHandle
+        self._queued_behind += 1
+
+        def fire() -> None:
+            self._timers.discard(timer)
+            self._queued_behind -= 1
+            self._deliver(send)
+
+        timer = self._loop.call_at(at, fire)
+        self._timers.add(timer)
 
     def close(self) -> None:
         """Cancel everything still in flight."""

@@ -1,9 +1,10 @@
-"""Real calls through an impaired network: loss, jitter, blackouts and a peer that vanishes.
+"""Real calls through an impaired network: loss, jitter, delay spikes, blackouts, a peer
+that vanishes.
 
 Every datagram between the client peer and the server crosses a :class:`UdpRelay` in this
 process (loopback has no netem). The client sends chirp markers in its audio (``echo``
 returns the waveform), so each marker that comes back gives both the round-trip time and
-where in the input the returning audio came from.
+where in the input the returning audio came from; a continuous tone shows every hole.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from media.audio.frames import FRAME_MS, FRAME_SAMPLES
+from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.engines.registry import EngineRegistry
-from media.rtc.receive import MAX_CONCEALED_FRAMES, MAX_MARGIN_S
+from media.rtc.receive import MAX_CONCEALED_FRAMES
 from peer.call import PeerCall
 from peer.probe import ChirpInserter, detect_markers, marker_rtts, summarize
+from peer.probe import holes as tone_holes
 from peer.speech import SENTENCES, speech_with_pauses
 from server.sessions.session import Session
 from tests.conftest import RunningServer, running_server
@@ -36,11 +38,6 @@ TAIL_S = 1.0  # recording after the input ends, so its last markers come back
 # SPEECH_DB are speech (the fixture's sentences peak at -6 dBFS, its pauses are zeros).
 SILENT_DB = -60.0
 SPEECH_DB = -40.0
-# The longest silent hole in speech a lossy, jittery link may cause: the server's receive
-# path waits up to MAX_MARGIN_S for a missing packet before concealing it, and meanwhile the
-# pacer fills the slots it cannot serve with silence (its documented behaviour), one slot of
-# which may already have been late. Anything longer is audio lost outright.
-MAX_HOLE_FRAMES = round(MAX_MARGIN_S * 1000 / FRAME_MS) + 1
 
 
 @pytest.fixture(scope="module")
@@ -149,12 +146,13 @@ async def relayed_call(
 async def test_call_under_loss_and_jitter_stays_continuous_and_fast(
     registry: EngineRegistry, speech_audio: np.ndarray
 ):
-    """5 % loss and 0-30 ms jitter each way: losses are concealed and RTT stays low.
+    """5 % loss and 0-30 ms jitter each way: no silent hole in speech, and RTT stays low.
 
     Guards the receive path (media/rtc/receive.py) on a bad link: a lost packet must be
-    concealed after a bounded wait, never stalled on (aiortc's own jitter buffer waits for
-    sixteen more packets, a 320 ms hole), and reordering may raise the wait only as far as
-    the lateness seen, so RTT stays near the clean-link figure plus the jitter.
+    concealed or its time bridged, never stalled on (aiortc's own jitter buffer waits for
+    sixteen more packets, a 320 ms hole), late ones stretch time rather than leave silence
+    (the old path left holes up to 80 ms here), and the playout delay follows the lateness
+    seen, so RTT stays near the clean-link figure plus the jitter.
     """
     markers = ChirpInserter(interval_s=MARKER_INTERVAL_S)
     async with running_server(registry) as running:
@@ -182,10 +180,81 @@ async def test_call_under_loss_and_jitter_stays_continuous_and_fast(
     )
     assert up.lost > 0 and down.lost > 0, "the relay did not impair the call"
     assert relay.unknown_source == 0
-    assert server_receive.concealed > 0 and client_receive.concealed > 0
+    for receive in (server_receive, client_receive):
+        assert receive.concealed + receive.skipped > 0
     assert len(echoes) >= 20, "too few markers came back to measure the call"
     assert rtt["rtt_ms_p95"] is not None and rtt["rtt_ms_p95"] <= 120, rtt
-    assert max(holes, default=0) <= MAX_HOLE_FRAMES, f"silent holes in speech: {holes}"
+    assert holes == [], f"silent holes in speech (frames): {holes}"
+
+
+TONE_HZ = 441.7
+TONE_LEVEL = 0.3  # amplitude: RMS 0.21 (-13.5 dBFS)
+TONE_SECONDS = 9.0
+IMPAIRED_AFTER_S = 0.5  # the tone's first moments, before the relay impairs, are not judged
+# The worst links the playout must bridge without a hole: the issue's 5 % loss and 50 ms of
+# jitter, and Wi-Fi stalls of 300 ms, alone and together with loss and jitter.
+TONE_PROFILES = {
+    "loss 5 % + jitter 50 ms": Impairment(loss=0.05, jitter_ms=50.0),
+    "wifi spikes 300 ms": Impairment(spike_every_s=2.5, spike_ms=(300.0, 300.0)),
+    "loss 2 % + jitter 30 ms + spikes 100-300 ms": Impairment(
+        loss=0.02, jitter_ms=30.0, spike_every_s=3.0, spike_ms=(100.0, 300.0)
+    ),
+}
+
+
+def continuous_tone(seconds: float) -> np.ndarray:
+    t = np.arange(round(seconds * RTC_RATE)) / RTC_RATE
+    return (TONE_LEVEL * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.float32)
+
+
+@pytest.mark.parametrize("profile", list(TONE_PROFILES))
+async def test_a_continuous_tone_comes_back_without_holes_on_an_impaired_link(
+    registry: EngineRegistry, profile: str
+):
+    """A tone through the relay both ways, echoed: no silent run of 20 ms or more, and at
+    most 1 % of the call silent.
+
+    Tried as a new user would, before the playout buffer: 2 % loss and 0-30 ms jitter left
+    4 holes in 17.5 s (the longest 30 ms), and Wi-Fi-like spikes 10 holes and 4 % of the
+    call silent (the longest 130 ms): a late frame was a silent slot on both sides. Now the
+    receive paths expand while packets are late and the output cushion stretches a late
+    hop, so the listener hears the tone stretched, never broken.
+    """
+    tone = continuous_tone(TONE_SECONDS)
+    async with running_server(registry) as running:
+        with UdpRelay(seed=21) as relay:
+            peer = PeerCall(
+                running.url,
+                tone,
+                engine="echo",
+                offer_filter=relay.rewrite_offer,
+                answer_filter=relay.rewrite_answer,
+            )
+            async with peer:
+                assert peer.session_id is not None
+                session = running.server.sessions.get(peer.session_id)
+                start = len(peer.recorder.timeline)
+                relay.impair(TONE_PROFILES[profile])
+                await peer.source.finished.wait()
+                # What comes back after the input ended is the network's lag, not the tone.
+                end = len(peer.recorder.timeline)
+                await asyncio.sleep(0.3)
+                server_receive = session.pipeline.receive_stats
+                cushion = session.pipeline.output.pacer.cushion
+                await peer.end()
+    received = peer.received()[start + int(IMPAIRED_AFTER_S * RTC_RATE) : end]
+    found = tone_holes(received, level=TONE_LEVEL / np.sqrt(2))
+    up, down = relay.to_server, relay.to_client
+    print(
+        f"{profile}: holes {found.lengths_ms} ms, silent {found.silent_ms:.0f} of "
+        f"{found.total_ms:.0f} ms; spikes up {len(up.spikes)} down {len(down.spikes)}; "
+        f"lost up {up.stats.lost} down {down.stats.lost}; server {server_receive}; "
+        f"client {peer.receive.stats}; cushion expanded {cushion.expanded if cushion else None}"
+    )
+    assert up.stats.dropped + up.stats.held + down.stats.dropped + down.stats.held > 0
+    assert found.total_ms >= 1000 * (TONE_SECONDS - IMPAIRED_AFTER_S - 2.0)
+    assert found.lengths_ms == [], f"silent holes (ms): {found.lengths_ms}"
+    assert found.silent_share <= 0.01, f"{100 * found.silent_share:.2f} % of the call silent"
 
 
 BLACKOUT_AT_S = 4.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,7 @@ async def endpoint() -> Endpoint:
     return protocol
 
 
-def link(seed: int = 1, **impairment: float) -> tuple[Link, list[int]]:
+def link(seed: int = 1, **impairment: Any) -> tuple[Link, list[int]]:
     """A link whose "datagrams" are indices appended to the returned list when sent."""
     one = Link("test", seed, asyncio.get_running_loop())
     one.impairment = Impairment(**impairment)
@@ -155,10 +156,56 @@ async def test_a_send_the_kernel_refuses_is_counted_not_raised():
     assert one.stats.forwarded == 0
 
 
+async def test_burst_loss_drops_runs_of_the_given_length():
+    one, delivered = link(seed=3, burst_loss=0.02, burst_packets=(3, 5))
+    submit(one, delivered, 3000)
+    kept = set(delivered)
+    runs, run = [], 0
+    for index in range(3000):
+        if index in kept:
+            if run:
+                runs.append(run)
+            run = 0
+        else:
+            run += 1
+    assert runs and all(3 <= r <= 10 for r in runs)  # two bursts may touch
+    assert 0.04 <= one.stats.lost / 3000 <= 0.12
+    assert one.stats.lost == 3000 - len(delivered)
+
+
+async def test_a_delay_spike_holds_everything_then_releases_it_together_in_order():
+    """Wi-Fi-like: every datagram of ~150 ms is held, then all of them leave at once."""
+    one, _ = link(seed=2, spike_every_s=0.1, spike_ms=(150.0, 150.0))
+    loop = asyncio.get_running_loop()
+    arrived: dict[int, float] = {}
+    started = loop.time()
+    for index in range(40):  # one every 10 ms for 0.4 s
+        one.submit(lambda index=index: arrived.setdefault(index, loop.time()))
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+    assert sorted(arrived) == list(range(40))
+    assert list(arrived) == sorted(arrived), "a spike reordered what it held"
+    assert one.spikes, "no spike came"
+    spike_start, release = one.spikes[0]
+    assert release - spike_start == pytest.approx(0.15)
+    held = [i for i, at in arrived.items() if at >= release - 0.001 and at < release + 0.01]
+    assert len(held) >= 10 and one.stats.held >= 10
+    assert spike_start - started <= 0.16
+
+
 @pytest.mark.parametrize(
-    "impairment", [{"loss": 1.5}, {"reorder": -0.1}, {"jitter_ms": -1.0}, {"jitter_ms": 1e999}]
+    "impairment",
+    [
+        {"loss": 1.5},
+        {"reorder": -0.1},
+        {"jitter_ms": -1.0},
+        {"jitter_ms": 1e999},
+        {"burst_loss": 2.0},
+        {"spike_ms": (300.0, 100.0)},
+        {"burst_packets": (0, 3)},
+    ],
 )
-def test_impairment_refuses_values_that_mean_nothing(impairment: dict[str, float]):
+def test_impairment_refuses_values_that_mean_nothing(impairment: dict[str, Any]):
     with pytest.raises(ValueError):
         Impairment(**impairment)
 

@@ -3,7 +3,10 @@
 speak / speak_delta / flush -> UtteranceQueue (FIFO)
   -> SynthesisBridge: engine.synthesize(state, sentence, cancel) chunk by chunk, on the
      session's engine queue
-  -> resample to 48 kHz -> OutboundAudio (speech is never dropped, only interrupted)
+  -> resample to 48 kHz -> OutboundAudio (speech is never dropped, only interrupted); an
+     utterance starts playing once its pre-buffer is ready (``PreBuffer``: sized from the
+     engine's measured real-time factor, so a slow engine does not stutter mid-sentence),
+     and a chunk late all the same is bridged by expanding the speech before it (counted)
   -> SpeechTimeline: events as the audio leaves
 caller audio -> BargeInListener: echo canceller (reference: what was sent) -> VAD
   -> speech start while speaking and barge_in on -> interrupt
@@ -27,8 +30,10 @@ from media.engines.base import SpeakEngine
 from media.pipeline.base import Pipeline, PipelineCounters
 from media.pipeline.events import SYNTHESIS_FAILED, EventSink
 from media.pipeline.outbound import FADE_SECONDS, OutboundAudio
+from media.pipeline.pacing import OutputCushion
 from media.pipeline.shared_vad import SharedVad
 from media.pipeline.speak.bargein import BargeInListener
+from media.pipeline.speak.prebuffer import PreBuffer
 from media.pipeline.speak.stats import SpeakStats
 from media.pipeline.speak.synthesis import SynthesisBridge
 from media.pipeline.speak.timeline import SpeechTimeline
@@ -70,10 +75,16 @@ class SpeakPipeline(Pipeline):
         session_id: str = "",
         vad: SharedVad | None = None,
     ) -> None:
+        cushion = OutputCushion(adaptive=False, expecting=self._mid_utterance)
         output = OutboundAudio(
-            encoder, OUTPUT_BUFFER_SECONDS, max_backlog=None, on_frame=self._on_frame_sent
+            encoder,
+            OUTPUT_BUFFER_SECONDS,
+            max_backlog=None,
+            on_frame=self._on_frame_sent,
+            cushion=cushion,
         )
         super().__init__(engine, options, state, executor, emit, session_id, output)
+        self._cushion = cushion
         self._to_output = StreamResampler(engine.sample_rate, RTC_RATE)
         self.stats = SpeakStats()
         self.stages = SpeakStages()
@@ -84,6 +95,7 @@ class SpeakPipeline(Pipeline):
         self._listener = (
             BargeInListener(vad.open(), executor, self.stats) if vad is not None else None
         )
+        self._prebuffer = PreBuffer(engine, self.stats)
         self._interrupted_at: float | None = None
         # Interrupt to silence on the track, for the last interrupt: the time until the faded
         # frame left plus the fade itself (or until plain silence left, if nothing was queued).
@@ -148,6 +160,7 @@ class SpeakPipeline(Pipeline):
             self._state = await loop.run_in_executor(self._engine_calls, self._fresh_state)
         if self._synthesis.cancel.is_set() or utterance.finished:
             return
+        self.output.pacer.release()  # all of it is there: nothing left to wait for
         self._output_tail()
         utterance.end = self.output.buffer.written
         if utterance.start is None:  # nothing was spoken (empty text)
@@ -164,8 +177,19 @@ class SpeakPipeline(Pipeline):
         if self._synthesis.cancel.is_set() or utterance.finished or self._closed:
             return
         samples, resample = timed_resample(self._to_output, np.asarray(chunk, dtype=np.float32))
-        if utterance.start is None:
+        first = utterance.start is None
+        if first:
             self._timeline.begins_at(utterance, self.output.buffer.written)
+        assert utterance.start is not None
+        utterance.synthesised += len(chunk) / self.engine.sample_rate
+        needed = self._prebuffer.needed(utterance, len(chunk) / self.engine.sample_rate)
+        pacer = self.output.pacer
+        if first or pacer.holding:
+            buffered = self.output.buffer.written + len(samples) - utterance.start
+            if needed > buffered:
+                pacer.hold(utterance.start, utterance.start + needed)
+            else:
+                pacer.release()
         self.output.write(samples)
         self.stages.synthesised(self.output.buffer.written, synthesis, resample, self._clock())
         if self.output.buffered_seconds > MAX_AHEAD_SECONDS:
@@ -181,10 +205,26 @@ class SpeakPipeline(Pipeline):
 
     # --- audio out -----------------------------------------------------------------------
 
+    def _mid_utterance(self) -> bool:
+        """An utterance is being played and more of it is still being made."""
+        current = self._current
+        return (
+            current is not None
+            and current.start is not None
+            and self.output.buffer.consumed > current.start
+            and not self._synthesis.cancel.is_set()
+        )
+
     def _on_frame_sent(self, samples: np.ndarray, is_silence: bool) -> None:
+        self.stats.underruns = self._cushion.late_slots
         if self._interrupted_at is not None:
-            fade = 0.0 if is_silence else FADE_SECONDS
-            self.last_interrupt_ms = 1000 * (self._clock() - self._interrupted_at + fade)
+            # Silent at the listener once the fade (if this frame had any audio) and the
+            # encoder's lookahead, which carries the end of the last audio, are through.
+            fade = FADE_SECONDS if np.any(samples) else 0.0
+            lookahead = self.output.encoder.lookahead_samples / RTC_RATE
+            self.last_interrupt_ms = 1000 * (
+                self._clock() - self._interrupted_at + fade + lookahead
+            )
             self.stats.interrupt_ms.append(round(self.last_interrupt_ms, 2))
             self.stages.interrupt_to_silence.observe(self.last_interrupt_ms / 1000)
             self._interrupted_at = None

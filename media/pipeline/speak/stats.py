@@ -17,6 +17,8 @@ class SpeakStats:
     sentences: int = 0
     synthesis_errors: int = 0
     listen_dropped: int = 0
+    underruns: int = 0  # slots found empty mid-utterance (the engine was late)
+    prebuffered_ms: float = 0.0  # the last utterance's pre-buffer
     synthesis_seconds: float = 0.0  # engine time, excluding waits for room in the buffer
     synthesised_seconds: float = 0.0  # audio produced
     # Recent latencies: text arrived -> its first frame left; interrupt -> track silent.

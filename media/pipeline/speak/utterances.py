@@ -33,12 +33,15 @@ class Utterance:
     more: asyncio.Event = field(default_factory=asyncio.Event)
     streamed: bool = False  # made of speak_delta pieces
     queued_at: float = 0.0  # loop time the first text arrived
+    characters: int = 0  # text received so far
+    synthesised: float = 0.0  # seconds of audio made so far
     start: int | None = None  # output stream position of the first sample
     end: int | None = None  # set once synthesis is complete
     started: bool = False
     finished: bool = False
 
     def add(self, text: str) -> None:
+        self.characters += len(text)
         self.sentences.extend(self.splitter.feed(text))
         self.more.set()
 
