@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,11 +24,27 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from media.audio.opus import Application, OpusEncoder
 from media.rtc.compat import install_receive_path as install
 from media.rtc.ice import rtc_configuration
+from media.rtc.loss_feedback import LossAdaptiveFec
 from media.rtc.receive import AudioReceivePath
 from peer.filetracks import PEER_BITRATE, FrameRecorder, SamplesSourceTrack
 from signaling.client import Answer, delete_session, post_offer, post_whip
 
 CONNECT_TIMEOUT_S = 15.0
+_OPUS_RTPMAP = re.compile(r"a=rtpmap:(\d+) opus/48000/2", re.IGNORECASE)
+
+
+def declare_inband_fec(sdp: str) -> str:
+    """The offer with ``useinbandfec=1`` on Opus (RFC 7587): the peer decodes FEC copies,
+    so the server sends them while the peer reports loss. aiortc writes no Opus fmtp."""
+    lines = sdp.split("\r\n")
+    if any(line.startswith("a=fmtp:") for line in lines):
+        return sdp  # parameters already chosen: left as they are
+    out = []
+    for line in lines:
+        out.append(line)
+        if match := _OPUS_RTPMAP.fullmatch(line):
+            out.append(f"a=fmtp:{match.group(1)} useinbandfec=1")
+    return "\r\n".join(out)
 
 
 class PeerCall:
@@ -63,7 +80,8 @@ class PeerCall:
         # The peer encodes with the application it asks the server for, so a low-delay call
         # is low-delay both ways.
         application = Application[(codec or {}).get("application", "voip").upper()]
-        encoder = OpusEncoder(channels=1, bitrate=PEER_BITRATE, application=application)
+        # FEC as a browser does it: copies sent while the server reports loss, and asked for.
+        encoder = OpusEncoder(channels=1, bitrate=PEER_BITRATE, application=application, fec=True)
         self.source = SamplesSourceTrack(audio, shape=shape, encoder=encoder)
         self.recorder = FrameRecorder()
         self.receive = AudioReceivePath(self.recorder)
@@ -74,7 +92,9 @@ class PeerCall:
         self._http: aiohttp.ClientSession | None = None
         self.answer: Answer | None = None
         self.connect_ms: float | None = None
-        install(self.pc.addTransceiver(self.source, direction="sendrecv").receiver, self.receive)
+        transceiver = self.pc.addTransceiver(self.source, direction="sendrecv")
+        install(transceiver.receiver, self.receive)
+        self._fec = LossAdaptiveFec(transceiver.sender, encoder)
         self.channel = self.pc.createDataChannel("control") if data_channel else None
         if self.channel is not None:
             self.channel.on("message", self._on_message)
@@ -113,7 +133,7 @@ class PeerCall:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         started = time.monotonic()
         self._http = aiohttp.ClientSession(headers=self._headers)
-        sdp = self.pc.localDescription.sdp
+        sdp = declare_inband_fec(self.pc.localDescription.sdp)
         if self.offer_filter is not None:
             sdp = self.offer_filter(sdp)
         if self.whip:
@@ -129,6 +149,7 @@ class PeerCall:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             await self._connected.wait()
         self.connect_ms = (time.monotonic() - started) * 1000
+        self._fec.start()
         if self.channel is not None and self.channel.readyState != "open":
             opened = asyncio.Event()
             self.channel.once("open", opened.set)
@@ -167,6 +188,7 @@ class PeerCall:
         return await delete_session(self._http, self.answer)
 
     async def close(self) -> None:
+        await self._fec.stop()
         self.receive.close()
         await self.pc.close()
         if self._http is not None:

@@ -152,6 +152,7 @@ class OpusEncoder:
         _check(error.value, "opus_encoder_create")
         self.channels = channels
         self.application = application
+        self.fec = fec
         self._out = ctypes.create_string_buffer(MAX_PACKET_BYTES)
         self._ctl(_SET_BITRATE, bitrate)
         self._ctl(_SET_INBAND_FEC, int(fec))
@@ -174,6 +175,11 @@ class OpusEncoder:
 
     def set_complexity(self, complexity: int) -> None:
         self._ctl(_SET_COMPLEXITY, complexity)
+
+    def set_expected_loss(self, percent: int) -> None:
+        """The packet loss to plan for: with FEC on and above 0, each packet carries a copy
+        of the one before it (libopus then codes in its SILK or hybrid modes)."""
+        self._ctl(_SET_PACKET_LOSS_PERC, percent if self.fec else 0)
 
     def encode(self, pcm: np.ndarray) -> bytes:
         """Encode one frame (2.5-60 ms of float32 samples, interleaved when stereo)."""

@@ -20,6 +20,7 @@ from media.pipeline.base import Pipeline
 from media.rtc.candidates import reachable_candidate
 from media.rtc.compat import install_receive_path
 from media.rtc.ice import IceServerConfig, NoMediaPorts, rtc_configuration
+from media.rtc.loss_feedback import LossAdaptiveFec
 from media.rtc.receive import AudioReceivePath
 from media.rtc.tracks import OutboundAudioTrack
 
@@ -109,6 +110,7 @@ class RtcConnection:
         self._pc = RTCPeerConnection(rtc_configuration(ice_servers))
         self._pc.on("datachannel", on_channel)
         self._pc.on("connectionstatechange", lambda: on_state(self, self._pc.connectionState))
+        self._fec: LossAdaptiveFec | None = None
 
     @property
     def state(self) -> str:
@@ -126,11 +128,12 @@ class RtcConnection:
             await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
             _prefer_opus(pc)
             audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
-            receive = AudioReceivePath(pipeline.feed)
+            receive = AudioReceivePath(pipeline.feed, on_error=pipeline.input_failed)
             install_receive_path(audio.receiver, receive)
             pipeline.attach(receive)
             if send_audio:
-                pc.addTrack(OutboundAudioTrack(pipeline.output))
+                sender = pc.addTrack(OutboundAudioTrack(pipeline.output))
+                self._fec = LossAdaptiveFec(sender, pipeline.output.encoder)
             await pc.setLocalDescription(await pc.createAnswer())
         except NoMediaPorts:
             await pc.close()
@@ -138,6 +141,8 @@ class RtcConnection:
         except Exception as exc:
             await pc.close()
             raise OfferRejected(str(exc)) from exc
+        if self._fec is not None:
+            self._fec.start()
         return str(pc.localDescription.sdp)
 
     @property
@@ -179,4 +184,6 @@ class RtcConnection:
             await self._pc.addIceCandidate(None)
 
     async def close(self) -> None:
+        if self._fec is not None:
+            await self._fec.stop()
         await self._pc.close()

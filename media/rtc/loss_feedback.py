@@ -1,0 +1,94 @@
+"""In-band FEC that follows the loss the far end reports.
+
+Opus can carry a low-bitrate copy of each frame in the next packet (LBRR), which a receive
+path decodes in place of a lost packet (``media.rtc.receive``). For echoed speech with 4 %
+random loss, PESQ-WB stays within 0.1 of the loss-free score with it and drops by 1.4
+with concealment alone (libopus 96 kb/s mono, ``bench/netimpair.py``). The copy is not
+free: libopus leaves its CELT-only mode for hybrid coding to make one, which costs more
+CPU per frame, so a session pays for it only while its packets are being lost.
+
+The far end says how many were, in the fraction-lost field of its RTCP receiver reports
+(about one a second); aiortc's sender keeps the latest as ``remote-inbound-rtp`` stats.
+The encoder's expected loss follows it, raised at once and lowered slowly (a loss burst is
+often followed by another), and off (no copies) once the link has stayed clean a while.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from typing import Any
+
+from media.audio.opus import OpusEncoder, OpusError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0  # receiver reports come about once a second
+DECAY = 0.8  # per report without more loss: the estimate falls to a third in five seconds
+OFF_BELOW = 0.005  # under half a percent the copies cost more than they save
+MAX_PERCENT = 25  # beyond this libopus spends most of the bits on copies
+
+
+class LossEstimate:
+    """The expected loss percent from a series of reported loss fractions (0 to 1)."""
+
+    def __init__(self) -> None:
+        self._loss = 0.0
+
+    def report(self, fraction: float) -> int:
+        """Take one report; returns the percent to expect (0: no FEC)."""
+        self._loss = max(min(max(fraction, 0.0), 1.0), self._loss * DECAY)
+        if self._loss < OFF_BELOW:
+            return 0
+        return min(MAX_PERCENT, math.ceil(100 * self._loss))
+
+
+class LossAdaptiveFec:
+    """Keeps ``encoder``'s expected loss in step with what ``sender``'s far end reports.
+
+    A no-op when the encoder was made without FEC (the far end did not ask for it).
+    """
+
+    def __init__(self, sender: Any, encoder: OpusEncoder) -> None:
+        self._sender = sender
+        self._encoder = encoder
+        self._estimate = LossEstimate()
+        self._task: asyncio.Task[None] | None = None
+        self.expected_percent = 0
+
+    def start(self) -> None:
+        if self._encoder.fec and self._task is None:
+            self._task = asyncio.create_task(self._follow(), name="loss-adaptive-fec")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            fraction = await self._reported_fraction()
+            if fraction is None:
+                continue
+            percent = self._estimate.report(fraction)
+            if percent != self.expected_percent:
+                try:
+                    self._encoder.set_expected_loss(percent)
+                except OpusError:
+                    return  # the encoder was closed: the session is over
+                log.debug("expected loss %d%% -> %d%%", self.expected_percent, percent)
+                self.expected_percent = percent
+
+    async def _reported_fraction(self) -> float | None:
+        """The far end's latest fraction lost (0 to 1), None before its first report."""
+        stats = await self._sender.getStats()
+        for entry in stats.values():
+            if getattr(entry, "type", None) == "remote-inbound-rtp":
+                # RFC 3550's 8-bit fixed point: lost packets / expected, times 256.
+                return float(entry.fractionLost) / 256
+        return None
