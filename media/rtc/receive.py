@@ -11,7 +11,7 @@ libwebrtc's NetEq instead:
   gets a steady 50 frames a second: a slot's frame goes as soon as its audio is there, never
   before the slot starts, and a slot that ends with too little audio is completed by
   libopus's PLC (it continues the decoder's own signal, so the next packet decodes on from
-  it), and after ``MAX_CONCEALED_FRAMES`` of that by expanding the past audio
+  it), and after ``PLC_IN_PLACE_FRAMES`` of that by expanding the past audio
   (``media.audio.splice``): there is no hard silence inside audio. When the stream carries
   FEC the slot waits ``FEC_GRACE_S`` longer, for the next packet and its copy;
 - the *playout delay* is how far the slot grid runs behind the earliest expected arrival of
@@ -66,6 +66,9 @@ TS_MOD = 1 << 32
 FRAME_SECONDS = FRAME_SAMPLES / RTC_RATE
 MAX_MISORDER = 100  # a sequence jump beyond this is a new stream, not a gap
 MAX_CONCEALED_FRAMES = 3  # 60 ms of PLC in a row at most: beyond that PLC is noise
+# PLC fills at most this many slots in a row while their packets are awaited: libopus fades
+# its concealment after the first frame, where an expansion holds the level for 150 ms.
+PLC_IN_PLACE_FRAMES = 1
 REMEMBERED_LOSSES = 64  # lost sequence numbers kept, to tell a late packet from a duplicate
 MAX_BUFFER_S = 1.0  # decoded audio held at most (the target's ceiling is 0.5 s)
 LOSS_TOLERANCE_S = 0.001  # timer rounding, when judging whether a packet is past its time
@@ -484,13 +487,13 @@ class AudioReceivePath:
         played would have to be merged back into it. It stands in for the missing packet
         as an expansion does: should the packet come after all it is played after it (the
         delay grows, and is shed later), and should a later one come first it is skipped,
-        its time played (and counted as concealed). After ``MAX_CONCEALED_FRAMES`` in a
-        row (a stall, not a loss) the slots are expanded and faded instead. Returns the
+        its time played (and counted as concealed). After ``PLC_IN_PLACE_FRAMES`` in a
+        row (a stall, or a burst) the slots are expanded and faded instead. Returns the
         samples concealed.
         """
         if (
             self._next_timestamp is None
-            or self._concealed_run >= MAX_CONCEALED_FRAMES
+            or self._concealed_run >= PLC_IN_PLACE_FRAMES
             or self._splicer.expanding
             or self._tainted
             or self._distrust_since is not None

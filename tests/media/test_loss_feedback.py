@@ -63,7 +63,7 @@ class TestEncoder:
 
 @dataclass
 class Report:
-    fractionLost: int  # noqa: N815 (aiortc's name)
+    fractionLost: int
     type: str = "remote-inbound-rtp"
 
 
@@ -73,7 +73,7 @@ class ReportingSender:
     def __init__(self) -> None:
         self.fraction: int | None = None
 
-    async def getStats(self) -> dict[str, Any]:  # noqa: N802 (aiortc's name)
+    async def getStats(self) -> dict[str, Any]:
         return {} if self.fraction is None else {"r": Report(self.fraction)}
 
 

@@ -390,7 +390,8 @@ class TestLatePackets:
         stats = link.path.stats
         assert max(link.delays) >= 20.0
         assert stats.target_ms == 20.0
-        assert abs(link.delays[-1]) <= 2.0, "the extra delay stayed"
+        # Within the smallest step acceleration takes (2.5 ms): below it only phase moves.
+        assert abs(link.delays[-1]) < 2.5, "the extra delay stayed"
         assert link.decoder.decoded == list(range(300))
 
     def test_a_packet_later_than_the_target_is_lost_and_dropped_when_it_comes(
@@ -524,7 +525,7 @@ class TestJitterAndSpikes:
         stats = link.path.stats
         assert link.decoder.decoded == list(range(400))
         assert stats.late_dropped == stats.concealed == stats.skipped == 0
-        assert link.concealments[:MAX_CONCEALED_FRAMES] == [("conceal", FRAME)] * 3
+        assert link.concealments[0] == ("conceal", FRAME)  # PLC first, then expansion
         assert stats.expanded_ms >= 150.0
         assert slots_silent(link) == []
         released = [t for t in link.released_at if t >= 110 * SLOT]
