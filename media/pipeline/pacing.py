@@ -15,8 +15,8 @@ and whenever every frame of the last second had to wait, the schedule moves earl
 shortest wait. Frames then leave the moment they are ready, a frame may be up to a whole
 slot late before the slot is filled, and a transform adds no pacing delay on a steady input.
 
-The adaptive cushion (transforms) replaces that phase lock and the backlog drops with the
-receive path's playout control: a target delay from when the engine's audio arrives
+An adaptive cushion replaces that phase lock and the backlog drops with the receive
+path's playout control: a target delay from when the engine's audio arrives
 (``PlayoutDelayEstimator``, fed at every write), the slot grid kept that far behind the
 earliest expected arrival (``media.audio.delay_control``), late hops expanded and the
 cushion they leave shed by acceleration instead of dropped.
@@ -61,7 +61,8 @@ class OutputCushion:
     stream): a slot found empty then is a late hop, filled by expanding the audio before
     it; otherwise the stream has ended and the slot is silence. ``adaptive``: keep a
     cushion sized from when the audio arrives, and shed what late hops leave beyond it by
-    acceleration (transforms); without it nothing is ever dropped or shed (speech).
+    acceleration; without it the cushion itself never drops or sheds audio (the pacer's
+    backlog bound still may: transforms use it that way).
     """
 
     def __init__(

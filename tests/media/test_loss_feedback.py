@@ -41,9 +41,15 @@ class TestLossEstimate:
         assert 0 < after[3] < 4
         assert after[-1] == 0  # clean for 20 s: the copies stop
 
-    def test_a_burst_is_capped(self) -> None:
-        assert LossEstimate().report(0.9) == loss_feedback.MAX_PERCENT
+    def test_heavy_loss_is_capped(self) -> None:
+        assert LossEstimate().report(0.3) == loss_feedback.MAX_PERCENT
         assert LossEstimate().report(-1.0) == 0
+
+    def test_an_outage_is_not_loss_to_code_for(self) -> None:
+        estimate = LossEstimate()
+        assert estimate.report(1.0) == 0  # a cut link
+        assert estimate.report(0.6) == 0
+        assert estimate.report(0.03) == 3
 
 
 class TestEncoder:
