@@ -66,10 +66,9 @@ TS_MOD = 1 << 32
 FRAME_SECONDS = FRAME_SAMPLES / RTC_RATE
 MAX_MISORDER = 100  # a sequence jump beyond this is a new stream, not a gap
 MAX_CONCEALED_FRAMES = 3  # 60 ms of PLC in a row at most: beyond that PLC is noise
-# PLC fills at most this many slots in a row while their packets are awaited, then an
-# expansion holds the level for 150 ms. (One slot avoids the fade of libopus's concealment
-# in a burst of losses, but broke recovery from a blackout: left at three.)
-PLC_IN_PLACE_FRAMES = MAX_CONCEALED_FRAMES
+# PLC fills at most this many slots in a row while their packets are awaited: libopus fades
+# its concealment after the first frame, where an expansion holds the level for 150 ms.
+PLC_IN_PLACE_FRAMES = 1
 REMEMBERED_LOSSES = 64  # lost sequence numbers kept, to tell a late packet from a duplicate
 MAX_BUFFER_S = 1.0  # decoded audio held at most (the target's ceiling is 0.5 s)
 LOSS_TOLERANCE_S = 0.001  # timer rounding, when judging whether a packet is past its time
