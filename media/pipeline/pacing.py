@@ -45,6 +45,10 @@ STANDING_BACKLOG_ALLOWANCE = 1
 # Waits shorter than this are timer noise, not a phase error worth correcting.
 PHASE_TOLERANCE_SECONDS = 0.001
 DELAY_BUCKET_S = 0.005  # the cushion's target resolution (media.rtc.receive's)
+# The most an adaptive cushion holds. What feeds it may be late by a hop, or by a stall of
+# this process's event loop (which stalls the pacer alike): a cushion sized for the stalls
+# of a loaded loop held 100-260 ms of echo delay for seconds. Later audio is expanded.
+CUSHION_CEILING_S = 0.04
 # With an adaptive cushion a frame may come this much after its slot's end and still be
 # sent for it rather than the slot expanded: what feeds a transform (the receive path)
 # hands on each frame as its packet comes, up to a slot late, which the target would
@@ -71,7 +75,7 @@ class OutputCushion:
         self.adaptive = adaptive
         self._expecting = expecting or (lambda: True)
         self._splicer = Splicer()
-        self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
+        self._estimator = self._new_estimator()
         self._control = DelayControl()
         self._written = 0
         self._paused = False
@@ -87,11 +91,15 @@ class OutputCushion:
     def target(self) -> float:
         return self._estimator.target
 
+    @staticmethod
+    def _new_estimator() -> PlayoutDelayEstimator:
+        return PlayoutDelayEstimator(bucket=DELAY_BUCKET_S, ceiling=CUSHION_CEILING_S)
+
     def wrote(self, written: int, now: float) -> None:
         """The source's written position moved to ``written`` at ``now``."""
         if self.adaptive and written > self._written:
             if self._paused:  # audio again after it stopped: a new stream, a new timing
-                self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
+                self._estimator = self._new_estimator()
                 self._paused = False
             self._estimator.add(self._written % TS_MOD, now)
         self._written = written

@@ -78,12 +78,10 @@ class TransformPipeline(Pipeline):
             capacity_seconds=OUTPUT_BUFFER_SECONDS,
             max_backlog=max(TRANSFORM_BACKLOG_FRAMES * FRAME_SAMPLES, hop_at_48k + FRAME_SAMPLES),
             on_frame=self._on_frame_sent,
-            # A late hop is expanded, not a silent slot. Not adaptive: its target would rise
-            # with every stall of this process's event loop (engine audio written late), and
-            # held that delay for seconds: with the server and four callers on one loaded
-            # loop, echo RTT p50 rose from ~60 ms to 100-260 ms. The receive path before it
-            # already absorbs the network's jitter; a standing backlog is trimmed per window.
-            cushion=OutputCushion(adaptive=False),
+            # A late hop is expanded, not a silent slot, and the cushion it leaves is shed
+            # by acceleration; the cushion is small (pacing.CUSHION_CEILING_S), since the
+            # receive path before it already absorbs the network's jitter.
+            cushion=OutputCushion(),
         )
         super().__init__(engine, options, state, executor, emit or _ignore, session_id, output)
         self._to_engine = StreamResampler(RTC_RATE, engine.sample_rate)
