@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +29,18 @@ class RunningServer:
     @property
     def server(self) -> Server:
         return self.app[SERVER_KEY]
+
+
+@pytest.fixture
+def collected_first() -> None:
+    """Collect this process's garbage before a timing-sensitive call.
+
+    These tests run the server, the caller and the relay on one event loop, in a process
+    that earlier tests (torch models, thousands of fuzzed sessions) left a large heap: a
+    full collection mid-call stalls all of them at once for 100-300 ms, which a link
+    cannot do to a real server. Collecting first keeps that out of the measurement.
+    """
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

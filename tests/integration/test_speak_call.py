@@ -259,6 +259,7 @@ async def slow_utterance(registry: EngineRegistry, delay_ms: float) -> SpeakPipe
         return pipeline
 
 
+@pytest.mark.usefixtures("collected_first")
 async def test_a_slow_engine_does_not_stutter_mid_sentence(slow_registry: EngineRegistry):
     """An engine a little slower than real time (CosyVoice on a busy machine: 22 ms of work
     per 20 ms chunk): the pre-buffer, sized from the measured real-time factor, holds
@@ -270,6 +271,7 @@ async def test_a_slow_engine_does_not_stutter_mid_sentence(slow_registry: Engine
     assert stats.underruns <= 1, f"{stats.underruns} slots found no speech mid-sentence"
 
 
+@pytest.mark.usefixtures("collected_first")
 async def test_without_the_pre_buffer_the_same_engine_stutters(
     slow_registry: EngineRegistry, monkeypatch: pytest.MonkeyPatch
 ):

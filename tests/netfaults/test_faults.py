@@ -32,6 +32,8 @@ from tests.integration.test_transform_call import frame_levels_db
 from tests.netfaults.relay import Impairment, UdpRelay
 from tests.resources import Resources, settled
 
+pytestmark = pytest.mark.usefixtures("collected_first")
+
 MARKER_INTERVAL_S = 0.25  # four RTT samples a second; still twice the largest RTT expected
 TAIL_S = 1.0  # recording after the input ends, so its last markers come back
 # Output frame levels (dBFS): below SILENT_DB nothing is playing; input frames above
