@@ -39,6 +39,9 @@ PARAGRAPH = (
 SILENCE_RMS = 1e-3
 SILENCE_PEAK = 3e-3  # a decoded packet whose loudest sample is below this is silent
 
+# Calls judged by their timing or sound: see the fixture.
+pytestmark = pytest.mark.usefixtures("collected_first")
+
 
 def silence(seconds: float) -> np.ndarray:
     return np.zeros(int(seconds * RTC_RATE), np.float32)
@@ -259,7 +262,6 @@ async def slow_utterance(registry: EngineRegistry, delay_ms: float) -> SpeakPipe
         return pipeline
 
 
-@pytest.mark.usefixtures("collected_first")
 async def test_a_slow_engine_does_not_stutter_mid_sentence(slow_registry: EngineRegistry):
     """An engine a little slower than real time (CosyVoice on a busy machine: 22 ms of work
     per 20 ms chunk): the pre-buffer, sized from the measured real-time factor, holds
@@ -271,7 +273,6 @@ async def test_a_slow_engine_does_not_stutter_mid_sentence(slow_registry: Engine
     assert stats.underruns <= 1, f"{stats.underruns} slots found no speech mid-sentence"
 
 
-@pytest.mark.usefixtures("collected_first")
 async def test_without_the_pre_buffer_the_same_engine_stutters(
     slow_registry: EngineRegistry, monkeypatch: pytest.MonkeyPatch
 ):
