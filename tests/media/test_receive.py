@@ -97,6 +97,17 @@ def with_fec() -> list[bytes]:
     return encode(encoder, voiced(4.0))
 
 
+def rtp_packet(k: int, payload: bytes, ssrc: int = 0) -> RtpPacket:
+    """Packet ``k`` of a stream as aiortc hands it on: sequence ``k``, timestamp ``k`` frames."""
+    return RtpPacket(
+        payload_type=OPUS_PAYLOAD_TYPE,
+        sequence_number=k,
+        timestamp=k * FRAME,
+        ssrc=ssrc,
+        payload=payload,
+    )
+
+
 @dataclass
 class Timer:
     when: float
@@ -632,12 +643,7 @@ class TestUndecodable:
         path = AudioReceivePath(broken_sink, clock=scheduler.clock, call_at=scheduler.call_at)
         for k in range(5):
             scheduler.advance_to(k * SLOT)
-            packet = RtpPacket(
-                payload_type=OPUS_PAYLOAD_TYPE,
-                sequence_number=k,
-                timestamp=k * FRAME,
-                payload=plain[k],
-            )
+            packet = rtp_packet(k, plain[k])
             assert path.add(packet) == (False, None)
         assert path.stats.packets == 5
 
@@ -732,12 +738,7 @@ class TestAiortcAdapter:
         link = Link(plain)
         for k in range(3):
             link.time.advance_to(k * SLOT)
-            packet = RtpPacket(
-                payload_type=OPUS_PAYLOAD_TYPE,
-                sequence_number=k,
-                timestamp=k * FRAME,
-                payload=plain[k],
-            )
+            packet = rtp_packet(k, plain[k])
             assert link.path.add(packet) == (False, None)
         assert len(link.frames) == 3
         assert link.decoder.decoded == [0, 1, 2]
@@ -757,13 +758,7 @@ class TestAiortcAdapter:
             )
             for k in range(3):
                 scheduler.advance_to(k * SLOT)
-                packet = RtpPacket(
-                    payload_type=OPUS_PAYLOAD_TYPE,
-                    sequence_number=k,
-                    timestamp=k * FRAME,
-                    ssrc=1234,
-                    payload=plain[k],
-                )
+                packet = rtp_packet(k, plain[k], ssrc=1234)
                 await receiver._handle_rtp_packet(packet, arrival_time_ms=k * 20)
             assert len(frames) == 3
             assert path.stats.packets == 3

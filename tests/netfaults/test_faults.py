@@ -129,14 +129,17 @@ def test_speech_holes_counts_silence_over_speech_and_not_over_pauses(speech_audi
 
 @asynccontextmanager
 async def relayed_call(
-    running: RunningServer, relay: UdpRelay, audio: np.ndarray, markers: ChirpInserter
+    running: RunningServer,
+    relay: UdpRelay,
+    audio: np.ndarray,
+    markers: ChirpInserter | None = None,
 ) -> AsyncIterator[tuple[PeerCall, Session]]:
     """An echo call whose every datagram crosses ``relay``, with the server's session."""
     peer = PeerCall(
         running.url,
         audio,
         engine="echo",
-        shape=markers.process,
+        shape=markers.process if markers else None,
         offer_filter=relay.rewrite_offer,
         answer_filter=relay.rewrite_answer,
     )
@@ -229,16 +232,7 @@ async def test_a_continuous_tone_comes_back_without_holes_on_an_impaired_link(
     tone = continuous_tone(TONE_SECONDS)
     async with running_server(registry) as running:
         with UdpRelay(seed=21) as relay:
-            peer = PeerCall(
-                running.url,
-                tone,
-                engine="echo",
-                offer_filter=relay.rewrite_offer,
-                answer_filter=relay.rewrite_answer,
-            )
-            async with peer:
-                assert peer.session_id is not None
-                session = running.server.sessions.get(peer.session_id)
+            async with relayed_call(running, relay, tone) as (peer, session):
                 start = len(peer.recorder.timeline)
                 relay.impair(TONE_PROFILES[profile])
                 await peer.source.finished.wait()
