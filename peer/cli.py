@@ -35,6 +35,7 @@ from peer.probe import (
     silence_after,
     summarize,
 )
+from peer.socket_call import SocketCall
 from signaling.client import SignalingError
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class PeerOptions:
     codec: dict[str, Any] | None = None
     token: str | None = None
     interrupt_after: float | None = None
+    ws: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PeerOptions:
@@ -80,6 +82,7 @@ class PeerOptions:
             codec={"application": args.opus_application} if args.opus_application else None,
             token=args.token or os.environ.get(TOKEN_VARIABLE) or None,
             interrupt_after=args.interrupt_after,
+            ws=args.ws,
         )
 
     @property
@@ -124,6 +127,9 @@ def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--engine", help="engine to ask for (default: the server's)")
     parser.add_argument("--whip", action="store_true", help="signal with WHIP instead of /offer")
+    parser.add_argument(
+        "--ws", action="store_true", help="call over the WebSocket transport (/ws), not WebRTC"
+    )
     parser.add_argument("--input", required=True, help="WAV file to stream (any rate, mono/stereo)")
     parser.add_argument("--output", required=True, help="where to write the reply (48 kHz WAV)")
     parser.add_argument("--say", help="text to send as a speak message once connected")
@@ -159,16 +165,23 @@ async def call(opts: PeerOptions) -> CallResult:
     restrict_host_addresses(opts.ice_hosts)
     audio = read_wav(opts.input, RTC_RATE)
     markers = ChirpInserter() if opts.rtt_method == "chirp" else None
-    peer = PeerCall(
-        opts.url,
-        audio,
-        engine=opts.engine,
-        options=opts.options,
-        codec=opts.codec,
-        whip=opts.whip,
-        shape=markers.process if markers else None,
-        token=opts.token,
-    )
+    shape = markers.process if markers else None
+    peer: PeerCall | SocketCall
+    if opts.ws:
+        peer = SocketCall(
+            opts.url, audio, engine=opts.engine, options=opts.options, shape=shape, token=opts.token
+        )
+    else:
+        peer = PeerCall(
+            opts.url,
+            audio,
+            engine=opts.engine,
+            options=opts.options,
+            codec=opts.codec,
+            whip=opts.whip,
+            shape=shape,
+            token=opts.token,
+        )
     error: str | None = None
     interrupted: list[float] = []
 

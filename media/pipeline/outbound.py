@@ -84,16 +84,16 @@ class OutboundAudio:
         """A new connection reads from here: the slot schedule starts again from now."""
         self.pacer.restart()
 
-    async def next_frame(self) -> OutboundFrame:
-        """The next paced frame, encoded; silence when nothing is ready in its slot."""
+    async def next_frame(self, encode: bool = True) -> OutboundFrame:
+        """The next paced frame, encoded unless ``encode`` is false (a transport that sends
+        PCM: its ``payload`` is then empty); silence when nothing is ready in its slot."""
         if self._closed:
             raise OutputClosed
         samples, is_silence = await self.pacer.next_frame()
         if self._closed:
             raise OutputClosed  # the session ended while this frame waited
-        frame = OutboundFrame(
-            samples, encode_frame(self.encoder, samples), self.pacer.pts, is_silence
-        )
+        payload = encode_frame(self.encoder, samples) if encode else b""
+        frame = OutboundFrame(samples, payload, self.pacer.pts, is_silence)
         cushion = self.pacer.cushion
         expanded = not is_silence and cushion is not None and cushion.last_expanded
         self.frames_sent += 1

@@ -56,6 +56,7 @@ from media.audio.delay_control import DelayControl
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.opus import MAX_FRAME_SAMPLES, OpusDecoder, OpusError, packet_has_fec
 from media.audio.playout_delay import PlayoutDelayEstimator
+from media.audio.realtime import RealTimeBudget
 from media.audio.splice import XFADE, Splicer
 from media.pipeline.base import ReceiveStats
 
@@ -95,29 +96,6 @@ UNDECODABLE_AUDIO = "undecodable_audio"  # the error code reported through on_er
 
 FrameSink = Callable[[np.ndarray], None]
 ErrorSink = Callable[[str, str], None]  # (code, message)
-
-
-class RealTimeBudget:
-    """How much media a sender may still deliver: real time, plus a burst allowance.
-
-    A caller cannot buy more than real time: media beyond it would cost decode and engine
-    time that other sessions need, and grow this session's latency. The budget fills at
-    one second per second up to ``allowance_s``; each packet spends its duration.
-    """
-
-    def __init__(self, allowance_s: float, now: float) -> None:
-        self._allowance = allowance_s
-        self._available = allowance_s
-        self._updated = now
-
-    def spend(self, seconds: float, now: float) -> bool:
-        elapsed = max(0.0, now - self._updated)
-        self._available = min(self._allowance, self._available + elapsed)
-        self._updated = now
-        if self._available < seconds:
-            return False
-        self._available -= seconds
-        return True
 
 
 def _seq_delta(a: int, b: int) -> int:

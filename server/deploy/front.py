@@ -21,6 +21,7 @@ from aiohttp.typedefs import Handler
 from server.config import Settings
 from server.deploy.front_admin import register_front_admin
 from server.deploy.relay import passed_headers, relay
+from server.deploy.socket_relay import relay_socket
 from server.deploy.workers import CLIENT_HEADER, Front, Worker
 from server.http.bodies import read_body
 from server.http.clients import client_of
@@ -105,7 +106,14 @@ def _forwarder(route: ApiRoute) -> Handler:
             raise ApiError(503, "no_workers", "No worker process is running.")
         return await forward(request, live[0], limit=route.max_body_bytes)
 
-    handlers = {Reach.NEW_SESSION: place_and_forward, Reach.SESSION: to_owner}
+    async def socket(request: web.Request) -> web.StreamResponse:
+        return await relay_socket(request, request.app[FRONT_KEY])
+
+    handlers = {
+        Reach.NEW_SESSION: place_and_forward,
+        Reach.SESSION: to_owner,
+        Reach.SOCKET: socket,
+    }
     return handlers.get(route.reach, to_any)
 
 

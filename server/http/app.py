@@ -31,6 +31,7 @@ from server.http.routes import register_api
 from server.http.security import protect
 from server.http.session_routes import SessionRoutes
 from server.http.signaling_routes import SignalingRoutes
+from server.http.socket_routes import SocketRoutes
 from server.sessions.manager import SessionManager
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ def create_app(
             ).handlers(),
             **SessionRoutes(server.sessions).handlers(),
             **PromptRoutes(server.sessions).handlers(),
+            **SocketRoutes(server.sessions).handlers(),
         },
     )
     protect(app, settings, register_page(app))

@@ -27,6 +27,8 @@ from signaling.errors import ApiError
 
 MAX_TRACKED_ADDRESSES = 100_000
 SESSION_CREATING_PATHS: frozenset[str] = frozenset({"/offer", "/whip", "/whip/{engine}"})
+# Sockets that open a session: the upgrade is a GET.
+SESSION_CREATING_SOCKETS: frozenset[str] = frozenset({"/ws"})
 
 
 class AddressLimiter:
@@ -78,18 +80,21 @@ class AddressLimiter:
 def session_rate_middleware(
     limiter: AddressLimiter, paths: Collection[str] = SESSION_CREATING_PATHS
 ) -> Middleware:
-    """Apply ``limiter`` to ``POST`` on the session-creating routes, keyed by client
-    (``server.http.clients``: the peer address, or the trusted proxy header's)."""
+    """Apply ``limiter`` to ``POST`` on the session-creating routes and to the upgrades of
+    session-creating sockets, keyed by client (``server.http.clients``: the peer address,
+    or the trusted proxy header's)."""
 
     @web.middleware
     async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
         match = request.match_info
         resource = match.route.resource
         if (
-            request.method == "POST"
-            and match.http_exception is None
+            match.http_exception is None
             and resource is not None
-            and resource.canonical in paths
+            and (
+                (request.method == "POST" and resource.canonical in paths)
+                or (request.method == "GET" and resource.canonical in SESSION_CREATING_SOCKETS)
+            )
             and not await placed_by_another_node(request)
         ):
             limiter.check(client_of(request))

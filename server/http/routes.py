@@ -27,6 +27,9 @@ class Reach(enum.Enum):
     NEW_SESSION = "new_session"  # the least-loaded worker (a resume: the session's owner)
     SESSION = "session"  # the worker whose prefix starts ``{session_id}``
     ANY_WORKER = "any_worker"  # any live worker: every worker answers it alike
+    # A WebSocket that opens a session (or resumes one, by its hello): relayed whole to
+    # the least-loaded worker, or to the resumed session's.
+    SOCKET = "socket"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class ApiRoute:
 
 API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "/engines", Reach.ANY_WORKER, "engines"),
+    ApiRoute("GET", "/ws", Reach.SOCKET, "websocket"),
     ApiRoute("POST", "/offer", Reach.NEW_SESSION, "offer"),
     ApiRoute("POST", "/whip", Reach.NEW_SESSION, "whip_publish"),
     ApiRoute("POST", "/whip/{engine}", Reach.NEW_SESSION, "whip_publish"),

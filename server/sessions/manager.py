@@ -14,13 +14,16 @@ tasks, the engine state (returned to the engine), buffers and the peer connectio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import json
 import logging
 import math
 import secrets
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 from media.audio.languages import foreign_scripts
@@ -39,6 +42,10 @@ from media.pipeline.factory import create_pipeline
 from media.pipeline.shared_vad import SharedVad
 from media.rtc.connection import OfferRejected, RtcConnection, UnknownMid
 from media.rtc.ice import NoMediaPorts
+from media.transports.codecs import codec_for
+from media.transports.socket_connection import ClosableLink, SocketConnection
+from media.transports.socket_input import SocketInput
+from media.transports.socket_output import SocketOutput
 from server.config import Settings
 from server.sessions import refusals
 from server.sessions.breaker import Breakers
@@ -49,6 +56,8 @@ from signaling.errors import ApiError
 from signaling.offers import CodecRequest, OfferAnswer, OfferRequest, ResumeRequest
 from signaling.sdp import OpusParameters
 from signaling.trickle import IceCredentials, IceSession, TrickleFragment
+from signaling.websocket import DEFAULT_CODEC, SocketCodecChoice, SocketHello
+from signaling.websocket import SocketResume as SocketResumeRequest
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +86,17 @@ def opus_encoder_for(
     )
     encoder.set_complexity(complexity)
     return encoder
+
+
+@dataclass(frozen=True)
+class SocketAttachment:
+    """A socket attached to a session: what the socket's handler reads and writes."""
+
+    session: Session
+    connection: SocketConnection
+    codec: SocketCodecChoice
+    next_seq: int  # the first frame the socket gets
+    resumed: bool
 
 
 def new_session_id(prefix: str = "") -> str:
@@ -153,11 +173,14 @@ class SessionManager:
     # --- admission -------------------------------------------------------------------
 
     def _engine_for(self, request: OfferRequest) -> Engine[Any]:
-        name = request.engine or self._settings.engine
+        return self._engine_named(request.engine, unknown_status=404 if request.whip else 400)
+
+    def _engine_named(self, name: str | None, unknown_status: int = 400) -> Engine[Any]:
+        name = name or self._settings.engine
         try:
             engine = self._registry.get(name)
         except UnknownEngine as exc:
-            raise ApiError(404 if request.whip else 400, "unknown_engine", str(exc)) from exc
+            raise ApiError(unknown_status, "unknown_engine", str(exc)) from exc
         except EngineUnavailable as exc:
             raise ApiError(503, "engine_unavailable", str(exc)) from exc
         if not isinstance(engine, TransformEngine | SpeakEngine):
@@ -171,6 +194,12 @@ class SessionManager:
                 retry_after=wait,
             )
         return engine
+
+    def _options_for(self, engine: Engine[Any], options: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return engine.validate_options(options)
+        except OptionsError as exc:
+            raise ApiError(400, "invalid_options", str(exc)) from exc
 
     def _admit(self, client: str) -> None:
         if self.draining:
@@ -208,62 +237,89 @@ class SessionManager:
             return await self._resume(request, request.resume)
         self._admit(request.client)
         engine = self._engine_for(request)
-        try:
-            options = engine.validate_options(request.options)
-        except OptionsError as exc:
-            raise ApiError(400, "invalid_options", str(exc)) from exc
+        options = self._options_for(engine, request.options)
         self._require_input(engine, request)
-        self._opening += 1
-        self._opening_by_client[request.client] += 1
-        try:
+        with self._opening_for(request.client):
             return await self._open(request, engine, options)
+
+    @contextlib.contextmanager
+    def _opening_for(self, client: str) -> Iterator[None]:
+        """Count a session being opened against capacity and its client's limit."""
+        self._opening += 1
+        self._opening_by_client[client] += 1
+        try:
+            yield
         finally:
             self._opening -= 1
-            self._opening_by_client[request.client] -= 1
-            if not self._opening_by_client[request.client]:
-                del self._opening_by_client[request.client]
+            self._opening_by_client[client] -= 1
+            if not self._opening_by_client[client]:
+                del self._opening_by_client[client]
 
     # --- opening, attaching, resuming ------------------------------------------------
 
     async def _open(
         self, request: OfferRequest, engine: Engine[Any], options: dict[str, Any]
     ) -> OfferAnswer:
-        session_id = new_session_id(self._id_prefix)
         encoder = opus_encoder_for(
             request.summary.opus, request.codec, self._settings.opus_complexity
         )
+        session = await self._new_session(
+            engine, options, encoder, request.client, request.summary.sends_audio
+        )
+        try:
+            answer = await self._connect(session, request)
+        except ApiError:
+            await session.pipeline.close()
+            raise
+        self._register(session, awaits_connection=True)
+        return OfferAnswer(answer, session.id, session.resume_token)
+
+    async def _new_session(
+        self,
+        engine: Engine[Any],
+        options: dict[str, Any],
+        encoder: OpusEncoder,
+        client: str,
+        receives_caller_audio: bool,
+    ) -> Session:
+        """A session with its pipeline, not yet attached to any connection nor listed."""
+        session_id = new_session_id(self._id_prefix)
         events = EventHub()
         emit = self._event_sink(engine.name, events)
         pipeline = await create_pipeline(
             engine, options, self._executor, encoder, emit, session_id, self._vad
         )
         limits = ChannelLimits(self._settings.dc_max_message_bytes, self._settings.dc_max_messages)
-        session = Session(
+        return Session(
             session_id,
             engine,
             pipeline,
             events,
             secrets.token_urlsafe(RESUME_TOKEN_BYTES),
-            receives_caller_audio=request.summary.sends_audio,
+            receives_caller_audio=receives_caller_audio,
             limits=limits,
             speakers_for=self._speakers_for,
-            client=request.client,
+            client=client,
         )
-        try:
-            answer = await self._connect(session, request)
-        except ApiError:
-            await pipeline.close()
-            raise
-        self._sessions[session_id] = session
+
+    def _register(self, session: Session, awaits_connection: bool) -> None:
+        """List an attached session and start its lifecycle tasks.
+
+        ``awaits_connection``: its transport still has to connect (ICE), within the ICE
+        timeout; a socket is connected already. Only RTP is watched for silence: a socket
+        that dies is noticed by the socket itself (its heartbeat).
+        """
+        self._sessions[session.id] = session
         self._empty.clear()
-        self._start(session, self._await_connection(session))
+        if awaits_connection:
+            self._start(session, self._await_connection(session))
         self._start(session, session.report_stats())
-        if session.receives_caller_audio and self._settings.rtp_timeout > 0:
+        rtp = isinstance(session.connection, RtcConnection)
+        if rtp and session.receives_caller_audio and self._settings.rtp_timeout > 0:
             self._start(session, self._watch_media(session))
         if self._settings.max_session_seconds > 0:
             self._start(session, self._expire(session))
-        log.info("session %s: opened with engine %s", session_id, engine.name)
-        return OfferAnswer(answer, session_id, session.resume_token)
+        log.info("session %s: opened with engine %s", session.id, session.engine.name)
 
     def _event_sink(self, engine: str, events: EventHub) -> EventSink:
         """Publish a session's events; engine failures also count towards its breaker."""
@@ -318,21 +374,7 @@ class SessionManager:
 
     async def _resume(self, request: OfferRequest, resume: ResumeRequest) -> OfferAnswer:
         """Attach a new connection to a live or detached session that the token unlocks."""
-        session = self._sessions.get(resume.session_id)
-        if session is None:
-            raise ApiError(
-                404,
-                "session_not_found",
-                "No session to resume by that id: it ended or its grace period passed.",
-            )
-        if not _token_matches(session.resume_token, resume.token):
-            raise ApiError(403, "invalid_resume_token", "The resume token does not match.")
-        if request.engine not in (None, session.engine.name):
-            raise ApiError(
-                400,
-                "resume_engine_mismatch",
-                f"Session runs engine '{session.engine.name}', not '{request.engine}'.",
-            )
+        session = self._resumable(resume.session_id, resume.token, request.engine)
         self._require_input(session.engine, request)
         if session.connection is not None:
             await self._detach(session, "a new connection resumes it")
@@ -340,6 +382,114 @@ class SessionManager:
         session.resume_token = secrets.token_urlsafe(RESUME_TOKEN_BYTES)  # one use each
         session.resumes += 1
         return OfferAnswer(answer, session.id, session.resume_token)
+
+    # --- sockets (the WebSocket transport) ------------------------------------------------
+
+    async def open_socket(
+        self, hello: SocketHello, link: ClosableLink, client: str
+    ) -> SocketAttachment:
+        """A new session for a socket's ``hello``, or a detached one resumed if it says so."""
+        if hello.resume is not None:
+            return await self._resume_socket(hello, hello.resume, link)
+        self._admit(client)
+        engine = self._engine_named(hello.engine)
+        options = self._options_for(engine, hello.options or {})
+        choice = hello.codec or DEFAULT_CODEC
+        encoder = opus_encoder_for(OpusParameters(), CodecRequest(), self._settings.opus_complexity)
+        with self._opening_for(client):
+            session = await self._new_session(
+                engine, options, encoder, client, isinstance(engine, TransformEngine)
+            )
+        session.socket_output = SocketOutput(
+            session.pipeline.output, codec_for(choice.name, choice.rate), hello.credit_ms
+        )
+        connection, next_seq = self._attach_socket(session, link, None)
+        self._register(session, awaits_connection=False)
+        self._connected(session)
+        return SocketAttachment(session, connection, choice, next_seq, resumed=False)
+
+    async def _resume_socket(
+        self, hello: SocketHello, resume: SocketResumeRequest, link: ClosableLink
+    ) -> SocketAttachment:
+        session = self._resumable(resume.session_id, resume.token, hello.engine)
+        output = session.socket_output
+        if output is None:  # a WebRTC session continues over a socket
+            choice = hello.codec or DEFAULT_CODEC
+            output = SocketOutput(
+                session.pipeline.output, codec_for(choice.name, choice.rate), hello.credit_ms
+            )
+            session.socket_output = output
+        choice = SocketCodecChoice(output.codec.name, output.codec.rate)
+        if hello.codec not in (None, choice):
+            raise ApiError(
+                400,
+                "resume_codec_mismatch",
+                f"The session carries {choice.name} at {choice.rate} Hz; resume with that.",
+            )
+        output.grant(hello.credit_ms)
+        if session.connection is not None:
+            await self._detach(session, "a new connection resumes it")
+        connection, next_seq = self._attach_socket(session, link, resume.played_seq)
+        session.resume_token = secrets.token_urlsafe(RESUME_TOKEN_BYTES)  # one use each
+        session.resumes += 1
+        self._connected(session)
+        return SocketAttachment(session, connection, choice, next_seq, resumed=True)
+
+    def _attach_socket(
+        self, session: Session, link: ClosableLink, played_seq: int | None
+    ) -> tuple[SocketConnection, int]:
+        output = session.socket_output
+        assert output is not None
+        pipeline = session.pipeline
+
+        def engine_load() -> tuple[int, int]:
+            counters = pipeline.counters()
+            return counters.input_queued or 0, counters.input_dropped
+
+        def tell(message: dict[str, Any]) -> None:
+            output.send_text(json.dumps(message))
+
+        audio_in = SocketInput(
+            output.codec, pipeline.feed, tell, engine_load, on_error=pipeline.input_failed
+        )
+        connection = SocketConnection(link, output, audio_in)
+        pipeline.attach(audio_in)
+        next_seq = output.attach(link, played_seq)
+        session.connection = connection
+        session.use_channel(connection)
+        return connection, next_seq
+
+    async def socket_closed(
+        self, session: Session, connection: SocketConnection, hung_up: bool
+    ) -> None:
+        """A session's socket closed from the client's side: a hang-up ends the session;
+        a lost socket detaches it, resumable within the grace period."""
+        connection.closed_by_client()
+        if session.connection is not connection:
+            return  # replaced already by a resumed connection
+        if hung_up:
+            await self._close_if_open(session.id, "connection_closed")
+        else:
+            await self._lose_connection(session, "the socket closed")
+
+    def _resumable(self, session_id: str, token: str, engine: str | None) -> Session:
+        """The session a resume names, if the token unlocks it and the engine matches."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ApiError(
+                404,
+                "session_not_found",
+                "No session to resume by that id: it ended or its grace period passed.",
+            )
+        if not _token_matches(session.resume_token, token):
+            raise ApiError(403, "invalid_resume_token", "The resume token does not match.")
+        if engine not in (None, session.engine.name):
+            raise ApiError(
+                400,
+                "resume_engine_mismatch",
+                f"Session runs engine '{session.engine.name}', not '{engine}'.",
+            )
+        return session
 
     # --- detaching ---------------------------------------------------------------------
 
@@ -452,6 +602,8 @@ class SessionManager:
             if task is not None and task is not current:
                 task.cancel()
         await session.pipeline.close()
+        if session.socket_output is not None:
+            session.socket_output.close()
         session.events.close()
         if session.connection is not None:
             connection, session.connection = session.connection, None
@@ -492,6 +644,10 @@ class SessionManager:
                 409,
                 "session_detached",
                 "The session has no connection now; resume it with a new offer.",
+            )
+        if not isinstance(connection, RtcConnection):
+            raise ApiError(
+                409, "not_webrtc", "The session is attached over a socket: it has no ICE."
             )
         return connection
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from media.engines.base import Engine
 from media.pipeline.base import Pipeline, TextInput
-from media.rtc.connection import RtcConnection
+from media.transports.socket_output import SocketOutput
 from server.sessions.channel_limits import ChannelLimits
 from server.sessions.control import Alternatives, ControlError, apply, decode, parse
 from server.sessions.events import EventHub
@@ -23,8 +23,18 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL_SECONDS = 1.0
 
 
+class Connection(Protocol):
+    """What a session holds of the transport it is attached to (a WebRTC peer connection,
+    a WebSocket): its state, and how to let it go."""
+
+    @property
+    def state(self) -> str: ...
+
+    async def close(self) -> None: ...
+
+
 class MessageChannel(Protocol):
-    """The client's message channel on a connection (a WebRTC data channel)."""
+    """The client's message channel on a connection (a WebRTC data channel, a socket)."""
 
     readyState: str
 
@@ -42,7 +52,7 @@ class Session:
     pipeline: Pipeline
     events: EventHub
     resume_token: str
-    connection: RtcConnection | None = None
+    connection: Connection | None = None
     channel: MessageChannel | None = None
     receives_caller_audio: bool = True
     detached_at: float | None = None
@@ -57,6 +67,8 @@ class Session:
     limits: ChannelLimits = field(kw_only=True)
     speakers_for: Alternatives | None = field(default=None, kw_only=True)
     client: str = field(default="", kw_only=True)  # the key per-client limits count by
+    # The audio sent over sockets and not yet played: it outlives each socket (resume).
+    socket_output: SocketOutput | None = field(default=None, kw_only=True)
 
     @property
     def speaker(self) -> TextInput:
@@ -147,4 +159,5 @@ class Session:
             "receive": vars(self.pipeline.receive_stats),
             "stats": self.stats_event(),
             **self.pipeline.describe(),
+            **({"socket": self.socket_output.describe()} if self.socket_output else {}),
         }

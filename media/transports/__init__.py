@@ -1,0 +1,1 @@
+"""Transports other than WebRTC that attach to the same pipelines (WebSocket, telephony)."""
