@@ -25,7 +25,7 @@ import aiohttp
 import numpy as np
 
 from media.audio.frames import FRAME_MS, FRAME_SAMPLES, RTC_RATE
-from media.audio.resample import StreamResampler
+from media.audio.polyphase import streaming_resampler
 from media.pipeline.base import ReceiveStats
 from media.transports.socket_frames import SEQ_MOD, pack, unpack
 from peer.filetracks import FrameRecorder, RealTimeClock
@@ -48,7 +48,7 @@ class SocketSource:
         self._samples = samples.astype(np.float32, copy=False)
         self._shape = shape
         self._rate = rate
-        self._resampler = StreamResampler(RTC_RATE, rate)
+        self._resampler = streaming_resampler(RTC_RATE, rate)
         self._clock = RealTimeClock()
         self._timestamp = 0
         self.timeline = Timeline()
@@ -113,7 +113,7 @@ class SocketCall:
         self.source = SocketSource(audio, rate, shape)
         self.recorder = FrameRecorder()
         self.receive = _Received()
-        self._to_48k = StreamResampler(rate, RTC_RATE)
+        self._to_48k = streaming_resampler(rate, RTC_RATE)
         self.events: list[dict[str, Any]] = []
         self._event_arrived = asyncio.Event()
         self._reading = asyncio.Event()

@@ -76,6 +76,10 @@ class Settings:
     # 0-10. At the 96 kb/s mono the server sends, 4 costs ~40 % less encoding than 10 for
     # 0.1 less PESQ-WB (bench/opus_complexity.py, bench/results/opus_complexity.json).
     opus_complexity: int = 4
+    # Phone calls (Twilio Media Streams): the account's auth token signs Twilio's requests,
+    # over the URL Twilio was given, so the server must know its public URL.
+    twilio_auth_token: str | None = None
+    public_url: str | None = None  # e.g. https://voice.example.com, as callers reach it
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,8 @@ SERVE_FLAGS = (
     _Flag("node-id", "this node's name in the cluster (letters, digits, -; default from host)"),
     _Flag("advertise-url", "the URL other nodes reach this node's API at (default: host:port)"),
     _Flag("opus-complexity", "Opus encoder complexity 0-10 for what is sent (default 4)", int),
+    _Flag("twilio-auth-token", "Twilio account auth token: enables /twilio/voice, /twilio/media"),
+    _Flag("public-url", "https://HOST the server is reached at (Twilio signs over it)"),
 )
 
 
@@ -318,6 +324,7 @@ def _validate(settings: Settings) -> None:
             flag = name.replace("_", "-")
             raise SettingsError(f"--{flag} ({ENV_PREFIX}{name.upper()}) must be >= 0 and finite")
     _validate_cluster(settings)
+    _validate_telephony(settings)
     for origin in settings.cors_origins:
         _require_origin(origin)
     for address in settings.ice_hosts:
@@ -348,6 +355,21 @@ def _validate_cluster(settings: Settings) -> None:
                 f"--advertise-url ({ENV_PREFIX}ADVERTISE_URL) must be http(s)://HOST:PORT/, "
                 f"got {settings.advertise_url!r}"
             )
+
+
+def _validate_telephony(settings: Settings) -> None:
+    if settings.public_url is not None:
+        parsed = urllib.parse.urlsplit(settings.public_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.query:
+            raise SettingsError(
+                f"--public-url ({ENV_PREFIX}PUBLIC_URL) must be http(s)://HOST[:PORT][/PATH], "
+                f"got {settings.public_url!r}"
+            )
+    if settings.twilio_auth_token is not None and settings.public_url is None:
+        raise SettingsError(
+            f"--twilio-auth-token ({ENV_PREFIX}TWILIO_AUTH_TOKEN) needs --public-url "
+            f"({ENV_PREFIX}PUBLIC_URL): Twilio signs its requests over the URL it was given"
+        )
 
 
 def _require_origin(origin: str) -> None:

@@ -73,6 +73,24 @@ def signature_valid(
     return hmac.compare_digest(expected, presented.encode("utf-8", "surrogatepass"))
 
 
+def stream_token(auth_token: str, call_sid: str) -> str:
+    """The secret the TwiML hands its stream (a ``<Parameter>``), checked on ``start``.
+
+    Whether Twilio signs the stream's WebSocket handshake is not something the server can
+    rely on; a parameter it can compute only from the auth token and the call's id, and
+    that Twilio echoes in ``start``, ties the stream to a call the webhook answered.
+    """
+    digest = hmac.new(auth_token.encode(), call_sid.encode("utf-8", "surrogatepass"), "sha256")
+    return digest.hexdigest()[:32]
+
+
+def stream_token_valid(auth_token: str, call_sid: str, presented: str | None) -> bool:
+    if not presented:
+        return False
+    expected = stream_token(auth_token, call_sid).encode()
+    return hmac.compare_digest(expected, presented.encode("utf-8", "surrogatepass"))
+
+
 # ---------------------------------------------------------------------------------------------
 # TwiML
 

@@ -2,7 +2,8 @@
 
 Pipelines work on 48 kHz float32 mono. A socket client chooses PCM16 at a rate of its own
 (a phone bridge 8 kHz, a speech backend 16 kHz) or Opus; the codec converts both ways with
-resamplers kept for the life of the stream, so there is no click at any message boundary.
+resamplers kept for the life of the stream, so there is no click at any message boundary,
+and polyphase ones (``media.audio.polyphase``), so 20 ms in is 20 ms out, not a block later.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Protocol
 import numpy as np
 
 from media.audio import mulaw
-from media.audio.frames import RTC_RATE
+from media.audio.frames import FRAME_MS, RTC_RATE
 from media.audio.opus import OpusDecoder, OpusError
-from media.audio.resample import StreamResampler
+from media.audio.polyphase import streaming_resampler
 
 PCM_RATES = (8_000, 16_000, 24_000, 48_000)
 MAX_MESSAGE_MS = 120  # the longest audio one message may carry (Opus' own longest packet)
@@ -53,9 +54,27 @@ class _Resampled:
 
     def __init__(self, rate: int) -> None:
         self.rate = rate
-        self._in = StreamResampler(rate, RTC_RATE)
-        self._out = StreamResampler(RTC_RATE, rate)
+        self._in = streaming_resampler(rate, RTC_RATE)
+        self._out = streaming_resampler(RTC_RATE, rate)
         self._max_samples = rate * MAX_MESSAGE_MS // 1000
+        self._frame = rate * FRAME_MS // 1000
+        self._carry = np.zeros(0, np.float32)
+
+    def _outgoing(self, samples: np.ndarray) -> np.ndarray:
+        """One 48 kHz frame resampled to exactly one frame at ``rate``.
+
+        The resampler's chunks vary by a few samples around the frame size; every message
+        should hold exactly 20 ms (a phone network expects 160 mu-law bytes), so what runs
+        over waits for the next frame, and the first frames are padded once by the
+        resampler's delay.
+        """
+        out = self._out.process(samples)
+        if len(self._carry):
+            out = np.concatenate([self._carry, out])
+        if len(out) < self._frame:
+            out = np.concatenate([np.zeros(self._frame - len(out), np.float32), out])
+        self._carry = out[self._frame :]
+        return out[: self._frame]
 
     wants_opus = False
 
@@ -80,7 +99,7 @@ class Pcm16Codec(_Resampled):
         return self._in.process(pcm)
 
     def encode(self, samples: np.ndarray, encoded: bytes) -> bytes:
-        out = self._out.process(samples)
+        out = self._outgoing(samples)
         return np.clip(out * _INT16_SCALE, -32768, 32767).astype("<i2").tobytes()
 
     def is_silent(self, payload: bytes) -> bool:
@@ -100,7 +119,7 @@ class MulawCodec(_Resampled):
         return self._in.process(mulaw.decode(payload))
 
     def encode(self, samples: np.ndarray, encoded: bytes) -> bytes:
-        return mulaw.encode(self._out.process(samples))
+        return mulaw.encode(self._outgoing(samples))
 
     def is_silent(self, payload: bytes) -> bool:
         return not payload.strip(SILENT_MULAW)

@@ -89,7 +89,7 @@ class SocketOutput:
     ) -> None:
         self._output = output
         self.codec = codec
-        self._wire = wire or SocketWire()
+        self.wire = wire or SocketWire()
         self.credit_ms = credit_ms
         self.next_seq = 0
         self.played_seq = -1
@@ -162,11 +162,15 @@ class SocketOutput:
         if '"speech_finished"' in text:
             event = json.loads(text)
             if event.get("interrupted"):
-                self._queue_text(self._wire.clear())
+                # Frames made before the interrupt and not sent yet are dropped with what
+                # the client holds (their sequence numbers are skipped).
+                self.frames_dropped += len(self._waiting)
+                self._waiting.clear()
+                self._queue_text(self.wire.clear())
             event["played_seq"] = self.played_seq % SEQ_MOD if self.played_seq >= 0 else None
             event["played_ms"] = self.played_ms
             text = json.dumps(event)
-        carried = self._wire.event(text)
+        carried = self.wire.event(text)
         if carried is not None:
             self._queue_text(carried)
 
@@ -237,7 +241,7 @@ class SocketOutput:
                 if len(self._waiting) * FRAME_MS >= MAX_WAITING_MS:
                     self._waiting.popleft()
                     self.frames_dropped += 1
-                messages = self._wire.frame(seq % SEQ_MOD, timestamp % SEQ_MOD, payload)
+                messages = self.wire.frame(seq % SEQ_MOD, timestamp % SEQ_MOD, payload)
                 self._waiting.append(_Sent(seq, end, messages))
                 self._wake.set()
         except OutputClosed:

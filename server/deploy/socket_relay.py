@@ -1,8 +1,10 @@
-"""The front's side of ``GET /ws``: a client's socket relayed whole to one worker.
+"""The front's side of a session's socket (``/ws``, ``/twilio/media``): relayed whole to
+one worker.
 
-The front reads the client's ``hello`` to choose the worker (the least-loaded one for a new
-session, the owner for a resume: its id names the worker), opens a socket to that worker,
-passes the hello on and then every message both ways until either side closes. Close codes
+The front reads the client's first message (``/ws``'s ``hello``) to choose the worker (the
+least-loaded one for a new session, the owner for a resume: its id names the worker), opens
+a socket to that worker, passes the first message on and then every message both ways
+until either side closes. Close codes
 cross too, so a hang-up (1000) still ends the session and a dropped client (no close
 frame) still only detaches it.
 """
@@ -100,7 +102,7 @@ async def _connect(
     headers[CLIENT_HEADER] = client
     try:
         return await worker.http.ws_connect(
-            "http://worker/ws", headers=headers, protocols=(SUBPROTOCOL,), autoping=True
+            f"http://worker{request.path_qs}", headers=headers, protocols=(SUBPROTOCOL,)
         )
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ApiError(502, "worker_unavailable", "The session's worker did not answer.") from exc
@@ -118,8 +120,8 @@ async def _pipe(
             if message.type not in FORWARDED_TYPES:
                 break
             if placement is not None:
-                ready = message.type is WSMsgType.TEXT and '"ready"' in message.data
-                placement.settle(opened=ready)
+                refused = message.type is WSMsgType.TEXT and '"error"' in message.data
+                placement.settle(opened=not refused)
             await _forward(ws, message)
         code = upstream.close_code or WSCloseCode.OK
         await ws.close(code=code, message=b"")

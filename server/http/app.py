@@ -32,6 +32,7 @@ from server.http.security import protect
 from server.http.session_routes import SessionRoutes
 from server.http.signaling_routes import SignalingRoutes
 from server.http.socket_routes import SocketRoutes
+from server.http.twilio_routes import TwilioRoutes
 from server.sessions.manager import SessionManager
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def create_app(
             **SessionRoutes(server.sessions).handlers(),
             **PromptRoutes(server.sessions).handlers(),
             **SocketRoutes(server.sessions).handlers(),
+            **TwilioRoutes(server.sessions, settings).handlers(),
         },
     )
     protect(app, settings, register_page(app))

@@ -30,7 +30,10 @@ from aiohttp.typedefs import Handler, Middleware
 
 from signaling.errors import ApiError
 
-PUBLIC_PATHS: frozenset[str] = frozenset({"/", "/healthz", "/readyz", "/openapi.json"})
+PUBLIC_PATHS: frozenset[str] = frozenset(
+    # Twilio's requests carry its signature, not a bearer token: those routes check it.
+    {"/", "/healthz", "/readyz", "/openapi.json", "/twilio/voice", "/twilio/media"}
+)
 ADMIN_PATHS: frozenset[str] = frozenset({"/sessions", "/metrics", "/cluster", "/admin/drain"})
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="cosyrtc"'}
 AUTHORIZED: web.RequestKey[bool] = web.RequestKey("authorized", bool)

@@ -44,6 +44,8 @@ class ApiRoute:
 API_ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", "/engines", Reach.ANY_WORKER, "engines"),
     ApiRoute("GET", "/ws", Reach.SOCKET, "websocket"),
+    ApiRoute("POST", "/twilio/voice", Reach.ANY_WORKER, "twilio_voice"),
+    ApiRoute("GET", "/twilio/media", Reach.SOCKET, "twilio_media"),
     ApiRoute("POST", "/offer", Reach.NEW_SESSION, "offer"),
     ApiRoute("POST", "/whip", Reach.NEW_SESSION, "whip_publish"),
     ApiRoute("POST", "/whip/{engine}", Reach.NEW_SESSION, "whip_publish"),

@@ -45,7 +45,7 @@ from media.rtc.ice import NoMediaPorts
 from media.transports.codecs import codec_for
 from media.transports.socket_connection import ClosableLink, SocketConnection
 from media.transports.socket_input import SocketInput
-from media.transports.socket_output import SocketOutput
+from media.transports.socket_output import OutputWire, SocketOutput
 from server.config import Settings
 from server.sessions import refusals
 from server.sessions.breaker import Breakers
@@ -386,9 +386,16 @@ class SessionManager:
     # --- sockets (the WebSocket transport) ------------------------------------------------
 
     async def open_socket(
-        self, hello: SocketHello, link: ClosableLink, client: str
+        self,
+        hello: SocketHello,
+        link: ClosableLink,
+        client: str,
+        wire: OutputWire | None = None,
     ) -> SocketAttachment:
-        """A new session for a socket's ``hello``, or a detached one resumed if it says so."""
+        """A new session for a socket's ``hello``, or a detached one resumed if it says so.
+
+        ``wire``: how the socket's protocol spells the output (default: ``/ws``'s own).
+        """
         if hello.resume is not None:
             return await self._resume_socket(hello, hello.resume, link)
         self._admit(client)
@@ -401,7 +408,7 @@ class SessionManager:
                 engine, options, encoder, client, isinstance(engine, TransformEngine)
             )
         session.socket_output = SocketOutput(
-            session.pipeline.output, codec_for(choice.name, choice.rate), hello.credit_ms
+            session.pipeline.output, codec_for(choice.name, choice.rate), hello.credit_ms, wire
         )
         connection, next_seq = self._attach_socket(session, link, None)
         self._register(session, awaits_connection=False)
