@@ -77,7 +77,6 @@ class SocketInput:
         self._closed = False
         self.stats = ReceiveStats()
         self.arrived_at = 0.0
-        self.backpressure_sent = 0
 
     # --- messages ------------------------------------------------------------------------
 
@@ -181,7 +180,6 @@ class SocketInput:
 
     def _send_pressure(self, reason: str, engine: int, now: float) -> None:
         self._told_at = now
-        self.backpressure_sent += 1
         self._tell(
             {
                 "type": "backpressure",

@@ -103,6 +103,7 @@ class SocketOutput:
         self.frames_dropped = 0
         self.texts_dropped = 0
         self.frames_resent = 0
+        self.backpressure_sent = 0
 
     # --- the client's side ---------------------------------------------------------------
 
@@ -173,6 +174,12 @@ class SocketOutput:
         carried = self.wire.event(text)
         if carried is not None:
             self._queue_text(carried)
+
+    def tell(self, message: dict[str, Any]) -> None:
+        """A message from the transport itself (``backpressure``), counted."""
+        if message.get("type") == "backpressure":
+            self.backpressure_sent += 1
+        self.send_text(json.dumps(message))
 
     def _queue_text(self, text: str) -> None:
         if len(self._texts) == self._texts.maxlen:

@@ -47,6 +47,9 @@ SESSION_COUNTERS = {
     "backlog_dropped_seconds": "Output audio dropped to keep a transform's latency bounded.",
     "engine_errors": "Engine calls or syntheses that failed.",
     "resumes": "Sessions continued on a new connection after a dropped one.",
+    "socket_frames_dropped": "Socket sessions: frames dropped for a client that took none.",
+    "socket_frames_resent": "Socket sessions: unacknowledged frames sent again on a resume.",
+    "socket_backpressure": "Socket sessions: backpressure messages sent to clients.",
 }
 # Per-session histograms: name -> help. Exposed as ``cosyrtc_<name>{engine}``.
 SESSION_HISTOGRAMS = {
@@ -77,6 +80,12 @@ def session_counters(session: Session) -> dict[str, float]:
     }
     counters = pipeline.counters()
     counts.update(frames_dropped=counters.input_dropped, engine_errors=counters.engine_errors)
+    socket = session.socket_output
+    counts.update(
+        socket_frames_dropped=socket.frames_dropped if socket else 0,
+        socket_frames_resent=socket.frames_resent if socket else 0,
+        socket_backpressure=socket.backpressure_sent if socket else 0,
+    )
     return counts
 
 

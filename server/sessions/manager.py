@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import math
 import secrets
@@ -453,11 +452,8 @@ class SessionManager:
             counters = pipeline.counters()
             return counters.input_queued or 0, counters.input_dropped
 
-        def tell(message: dict[str, Any]) -> None:
-            output.send_text(json.dumps(message))
-
         audio_in = SocketInput(
-            output.codec, pipeline.feed, tell, engine_load, on_error=pipeline.input_failed
+            output.codec, pipeline.feed, output.tell, engine_load, on_error=pipeline.input_failed
         )
         connection = SocketConnection(link, output, audio_in)
         pipeline.attach(audio_in)

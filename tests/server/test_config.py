@@ -70,6 +70,8 @@ ENV_VALUES = {
     "COSYRTC_REDIS": "redis://10.0.0.5:6379/0",
     "COSYRTC_NODE_ID": "node-7",
     "COSYRTC_ADVERTISE_URL": "http://10.0.0.7:8080/",
+    "COSYRTC_TWILIO_AUTH_TOKEN": "twilio-secret",
+    "COSYRTC_PUBLIC_URL": "https://voice.example.com",
     "COSYRTC_ENGINE_COSYVOICE_DEVICE": "cuda",
 }
 EXPECTED = Settings(
@@ -114,6 +116,8 @@ EXPECTED = Settings(
     redis="redis://10.0.0.5:6379/0",
     node_id="node-7",
     advertise_url="http://10.0.0.7:8080/",
+    twilio_auth_token="twilio-secret",
+    public_url="https://voice.example.com",
     engine_settings=(("cosyvoice", "device", "cuda"),),
 )
 
@@ -177,6 +181,8 @@ def test_every_flag_sets_its_setting():
         "--redis=redis://10.0.0.5:6379/0",
         "--node-id=node-7",
         "--advertise-url=http://10.0.0.7:8080/",
+        "--twilio-auth-token=twilio-secret",
+        "--public-url=https://voice.example.com",
         "--engines",
         "echo",
         "piper",

@@ -113,7 +113,7 @@ def fake_session(receive: ReceiveStats) -> Any:
         backlog_dropped_seconds=0.0,
         counters=lambda: counters,
     )
-    return SimpleNamespace(pipeline=pipeline, resumes=0)
+    return SimpleNamespace(pipeline=pipeline, resumes=0, socket_output=None)
 
 
 def test_counts_carry_over_when_a_resumed_session_gets_a_new_receive_path():

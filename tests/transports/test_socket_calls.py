@@ -10,6 +10,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
@@ -25,6 +26,7 @@ from tests.conftest import RunningServer
 from tests.fuzz.harness import rss_bytes
 from tests.integration.test_speak_call import PARAGRAPH, SILENCE_RMS, frame_rms, silence
 from tests.integration.test_transform_call import align_segments, frame_levels_db
+from tests.server.test_workers import two_workers
 
 
 async def socket_call(
@@ -222,3 +224,32 @@ async def test_resume_after_the_socket_is_cut_mid_sentence_loses_and_repeats_not
     assert after == list(range(after[0], after[0] + len(after)))
     speech = frame_rms(second.received())
     assert (speech > SILENCE_RMS).sum() > 20  # the rest of the paragraph came
+
+
+async def test_sockets_through_the_front_reach_a_worker_and_resume_on_its_owner():
+    """Behind a front with two workers: a socket session runs on a worker, comes back to it
+    on resume (the id names the worker), and a hang-up ends it there."""
+    with two_workers(max_sessions=4) as front:
+        tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(20 * RTC_RATE) / RTC_RATE)).astype(
+            np.float32
+        )
+        first = SocketCall(front.url, tone, engine="echo")
+        await first.connect()
+        await asyncio.sleep(1.5)
+        assert first.session_id is not None and first.session_id[:2] in ("w0", "w1")
+        heard_first = frame_rms(first.received())
+        assert (heard_first > 0.1).sum() > 25, "the tone did not come back through the front"
+        resume = first.resume_info()
+        await first.cut()
+        await asyncio.sleep(0.5)
+        async with SocketCall(front.url, tone, engine="echo", resume=resume) as second:
+            assert second.ready is not None and second.ready["resumed"] is True
+            assert second.session_id == first.session_id
+            await asyncio.sleep(1.0)
+            assert (frame_rms(second.received()) > 0.1).sum() > 25
+            assert await second.end() == 200
+        await asyncio.sleep(0.5)
+        async with aiohttp.ClientSession() as http:
+            url = f"{front.url}sessions/{first.session_id}"
+            async with http.get(url) as response:
+                assert response.status == 404  # hung up: the session ended on its worker
