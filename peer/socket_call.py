@@ -7,7 +7,8 @@ the headless peer reports a WebSocket call exactly as it reports a WebRTC one:
     async with SocketCall(url, audio, engine="echo") as call:
         await call.source.finished.wait()
 
-It plays what arrives as it arrives (the server paces its frames in real time) and
+It sends PCM16 (any of the server's rates) or Opus (``codec={"name": "opus"}``). It
+plays what arrives as it arrives (the server paces its frames in real time) and
 acknowledges every frame it has played, granting ``credit_ms`` of buffer. ``stall()`` stops
 reading the socket (and so acknowledging), as a client that hangs would; ``cut()`` drops
 the connection without a close, as a network that fails would.
@@ -25,10 +26,11 @@ import aiohttp
 import numpy as np
 
 from media.audio.frames import FRAME_MS, FRAME_SAMPLES, RTC_RATE
+from media.audio.opus import OpusDecoder, OpusEncoder
 from media.audio.polyphase import streaming_resampler
 from media.pipeline.base import ReceiveStats
 from media.transports.socket_frames import SEQ_MOD, pack, unpack
-from peer.filetracks import FrameRecorder, RealTimeClock
+from peer.filetracks import PEER_BITRATE, FrameRecorder, RealTimeClock
 from peer.probe import Timeline
 from signaling.client import SignalingError
 
@@ -39,15 +41,21 @@ _INT16_SCALE = 32768.0
 
 
 class SocketSource:
-    """Streams samples (48 kHz float32 mono) as PCM16 messages, 20 ms at a time, in real
-    time; after they run out it keeps sending silence, so the call stays up for the tail."""
+    """Streams samples (48 kHz float32 mono) as PCM16 (or Opus) messages, 20 ms at a time,
+    in real time; after they run out it keeps sending silence, so the call stays up for the
+    tail."""
 
     def __init__(
-        self, samples: np.ndarray, rate: int, shape: Callable[[np.ndarray], np.ndarray] | None
+        self,
+        samples: np.ndarray,
+        rate: int,
+        shape: Callable[[np.ndarray], np.ndarray] | None,
+        encoder: OpusEncoder | None = None,
     ) -> None:
         self._samples = samples.astype(np.float32, copy=False)
         self._shape = shape
         self._rate = rate
+        self._encoder = encoder
         self._resampler = streaming_resampler(RTC_RATE, rate)
         self._clock = RealTimeClock()
         self._timestamp = 0
@@ -75,13 +83,17 @@ class SocketSource:
                 frame = self._shape(frame)
             self.sent.append(frame)
             self.timeline.append(FRAME_SAMPLES, time.monotonic())
-            pcm = self._resampler.process(frame)
-            payload = np.clip(pcm * _INT16_SCALE, -32768, 32767).astype("<i2").tobytes()
+            if self._encoder is not None:
+                payload, samples = self._encoder.encode(frame), len(frame)
+            else:
+                pcm = self._resampler.process(frame)
+                payload = np.clip(pcm * _INT16_SCALE, -32768, 32767).astype("<i2").tobytes()
+                samples = len(pcm)
             try:
                 await ws.send_bytes(pack(index, self._timestamp, payload))
             except (ConnectionError, RuntimeError):
                 return
-            self._timestamp += len(pcm)
+            self._timestamp += samples
 
 
 class SocketCall:
@@ -108,9 +120,12 @@ class SocketCall:
         self.credit_ms = credit_ms
         self.resume = resume
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        rate: int = self.codec.get("rate", RTC_RATE) if self.codec["name"] == "pcm16" else RTC_RATE
+        opus = self.codec["name"] == "opus"
+        rate: int = RTC_RATE if opus else self.codec.get("rate", RTC_RATE)
         self.rate = rate
-        self.source = SocketSource(audio, rate, shape)
+        encoder = OpusEncoder(channels=1, bitrate=PEER_BITRATE) if opus else None
+        self._decoder = OpusDecoder(channels=1) if opus else None
+        self.source = SocketSource(audio, rate, shape, encoder)
         self.recorder = FrameRecorder()
         self.receive = _Received()
         self._to_48k = streaming_resampler(rate, RTC_RATE)
@@ -203,7 +218,9 @@ class SocketCall:
                 return
 
     def _play(self, payload: bytes) -> None:
-        if payload:
+        if payload and self._decoder is not None:
+            pcm = self._decoder.decode(payload)
+        elif payload:
             pcm = np.frombuffer(payload, dtype="<i2").astype(np.float32) / _INT16_SCALE
         else:
             pcm = np.zeros(self.rate * FRAME_MS // 1000, np.float32)
