@@ -85,11 +85,20 @@ async def test_every_route_works_through_a_node_that_does_not_own_the_session(
             async with http.post(route + "/speak", json={"text": "hi"}) as speak:
                 # Reached the owner: it answers for its echo session, not "not found".
                 assert (speak.status, (await speak.json())["error"]) == (400, "not_a_speak_session")
+            async with http.post(route + "/interrupt", json={"type": "interrupt"}) as stop:
+                assert (stop.status, (await stop.json())["error"]) == (400, "not_a_speak_session")
             async with http.get(route + "/events") as events:
                 assert events.content_type == "text/event-stream"
                 assert (await events.content.readline()).startswith(b": connected")
-            async with http.delete(route) as deleted:
-                assert deleted.status == 200
+            # A resume offered at a node that does not own the session reaches the owner,
+            # and the call continues there under the same id.
+            assert call.answer is not None
+            async with PeerCall(stranger.url, tone(2), resume=call.answer.resume) as resumed:
+                assert resumed.session_id == call.session_id
+                async with http.get(by_id[home].url + f"sessions/{call.session_id}") as there:
+                    assert (await there.json())["resumes"] == 1
+                async with http.delete(route) as deleted:
+                    assert deleted.status == 200
             async with http.get(by_id[home].url + f"sessions/{call.session_id}") as gone:
                 assert gone.status == 404
 
