@@ -8,13 +8,14 @@ import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
 
-from bench.cluster import Node, RedisServer, cluster_of
+from bench.cluster import Node, RedisServer, cluster_of, start_node, wait_until_serving
 from bench.overload import real_offers
 from media.rtc.compat import restrict_host_addresses
 from peer.call import PeerCall
@@ -241,3 +242,50 @@ async def test_a_flooding_address_cannot_make_another_wait_across_the_cluster(
         await neighbour.close()
     assert flooded.count(200) == cap and set(flooded) == {200, 429}
     assert theirs == [200] * cap
+
+
+async def test_a_rolling_restart_of_every_node_refuses_nothing(
+    redis_server: RedisServer, http: aiohttp.ClientSession, tmp_path: Path
+):
+    """Each node in turn gets SIGTERM (it marks itself draining in Redis at once, finishes
+    its sessions, exits) and is started again, while offers keep coming at the others, as a
+    load balancer would send them: every offer is admitted, none on a draining node."""
+    with cluster_of(redis_server, [12, 12, 12], *ICE_TIMEOUT, "--drain-timeout", "3") as nodes:
+        offers = await real_offers(60)
+        replies: list[tuple[int, Any, str]] = []
+        restarting: list[Node] = []
+        draining: set[str] = set()  # between SIGTERM and the old process's exit
+
+        async def offer_at_the_others() -> None:
+            while offers:
+                down = restarting[0].node_id if restarting else None
+                entry = next(n for n in nodes[len(replies) % 3 :] + nodes if n.node_id != down)
+                drained = ",".join(draining)  # as the offer leaves: it may only be placed
+                status, body = await post_offer(http, entry, offers.pop())
+                replies.append((status, body, drained))  # on a node not draining then
+                await asyncio.sleep(0.2)
+
+        offering = asyncio.create_task(offer_at_the_others())
+        loop = asyncio.get_running_loop()
+        try:
+            for position in range(3):
+                node = nodes[position]
+                restarting[:] = [node]
+                draining.add(node.node_id)
+                node.process.send_signal(signal.SIGTERM)
+                await loop.run_in_executor(None, node.process.wait, 30)
+                await asyncio.sleep(0.3)  # offers sent before the exit have been answered
+                draining.discard(node.node_id)
+                nodes[position] = start_node(
+                    node.index, redis_server, tmp_path, "--max-sessions", "12", *ICE_TIMEOUT
+                )
+                await loop.run_in_executor(None, wait_until_serving, [nodes[position]])
+                restarting.clear()
+        finally:
+            offering.cancel()
+            await asyncio.gather(offering, return_exceptions=True)
+    refused = [(status, body) for status, body, _ in replies if status != 200]
+    assert not refused, refused
+    assert len(replies) >= 15, len(replies)
+    for _, body, drained in replies:
+        assert owner(body["session_id"]) not in drained.split(","), (body, drained)
