@@ -22,16 +22,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from media.transports.codecs import PCM_RATES
+from media.transports.socket_frames import SEQ_MOD
+from media.transports.socket_output import DEFAULT_CREDIT_MS, MAX_CREDIT_MS, MIN_CREDIT_MS
 from signaling.errors import ApiError
 
-PCM_RATES = (8_000, 16_000, 24_000, 48_000)
 DEFAULT_PCM_RATE = 16_000
 OPUS_RATE = 48_000
 CODECS = ("pcm16", "opus")
-DEFAULT_CREDIT_MS = 1000
-MIN_CREDIT_MS, MAX_CREDIT_MS = 20, 10_000
 MAX_HELLO_BYTES = 16 * 1024
-SEQ_MAX = (1 << 32) - 1
+SEQ_MAX = SEQ_MOD - 1
 
 
 @dataclass(frozen=True)
