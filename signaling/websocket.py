@@ -84,7 +84,8 @@ def parse_codec(raw: Any) -> SocketCodecChoice:
     if name not in CODECS:
         raise ApiError(400, "unsupported_codec", f"'codec.name' must be one of {list(CODECS)}.")
     if name == "opus":
-        if raw.get("rate", OPUS_RATE) != OPUS_RATE:
+        rate = raw.get("rate", OPUS_RATE)
+        if type(rate) is not int or rate != OPUS_RATE:
             raise ApiError(400, "unsupported_codec", "Opus is carried at 48000 Hz.")
         return SocketCodecChoice("opus", OPUS_RATE)
     rate = raw.get("rate", DEFAULT_PCM_RATE)
@@ -127,13 +128,13 @@ def parse_hello(raw: str | bytes) -> SocketHello:
     if options is not None and not isinstance(options, dict):
         raise ApiError(400, "invalid_options", "'options' must be an object.")
     codec = payload.get("codec")
-    credit = payload.get("credit_ms", DEFAULT_CREDIT_MS)
+    credit = payload.get("credit_ms")  # null, like a missing field, means the default
     resume = payload.get("resume")
     return SocketHello(
         engine=engine,
         options=options,
         codec=None if codec is None else parse_codec(codec),
-        credit_ms=parse_credit(credit),
+        credit_ms=DEFAULT_CREDIT_MS if credit is None else parse_credit(credit),
         resume=None if resume is None else _resume(resume),
     )
 

@@ -8,7 +8,8 @@ The transport's own messages are handled here:
 
 - ``{"type": "ack", "seq": N}``: the client has played every frame up to ``N``
   (``credit_ms`` may come with it);
-- ``{"type": "credit", "credit_ms": M}``: the client can now buffer ``M`` ms.
+- ``{"type": "credit", "credit_ms": M}``: the client can now buffer ``M`` ms;
+- ``{"type": "bye"}``: the client hangs up.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from media.transports.socket_output import (
 )
 
 TRANSPORT_MESSAGES = ("ack", "credit")
+HANG_UP = "bye"
 # Why the server closes a socket it is done with (4000-4999: the application's own codes).
 CLOSE_NORMAL = 1000  # the session ended (a ``session_ended`` event said why)
 CLOSE_REPLACED = 4409  # another connection resumed the session
@@ -69,17 +71,23 @@ class SocketConnection:
     def receive_bytes(self, data: bytes) -> None:
         self.input.receive(data)
 
-    def receive_text(self, raw: str) -> None:
-        """A transport message is handled here; anything else is the session's to answer."""
-        message = _transport_message(raw)
-        if message is None:
+    def receive_text(self, raw: str) -> bool:
+        """A transport message is handled here; anything else is the session's to answer.
+
+        Returns True for ``bye``: the client hangs up.
+        """
+        kind, message = _typed(raw)
+        if kind == HANG_UP:
+            return True
+        if kind not in TRANSPORT_MESSAGES or message is None:
             handler = self._handlers.get("message")
             if handler is not None:
                 handler(raw)
-            return
+            return False
         error = self._apply(message)
         if error is not None:
             self.send(json.dumps({"type": "error", "error": "invalid_message", "message": error}))
+        return False
 
     def _apply(self, message: dict[str, Any]) -> str | None:
         credit = message.get("credit_ms")
@@ -121,14 +129,13 @@ class SocketConnection:
             await self._link.close(CLOSE_REPLACED, "the session continues on another connection")
 
 
-def _transport_message(raw: str) -> dict[str, Any] | None:
-    """``raw`` as a transport message (``ack``/``credit``), or None for anything else."""
-    if '"ack"' not in raw and '"credit"' not in raw:
-        return None
+def _typed(raw: str) -> tuple[object, dict[str, Any] | None]:
+    """A message's ``type`` and the message, as parsed; (None, None) when it is not a JSON
+    object (the session's control protocol says what is wrong with it)."""
     try:
         message = json.loads(raw)
     except (ValueError, RecursionError):
-        return None
-    if isinstance(message, dict) and message.get("type") in TRANSPORT_MESSAGES:
-        return message
-    return None
+        return None, None
+    if not isinstance(message, dict):
+        return None, None
+    return message.get("type"), message

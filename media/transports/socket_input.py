@@ -34,7 +34,10 @@ from media.transports.socket_frames import SEQ_MOD, MalformedFrame, unpack
 log = logging.getLogger(__name__)
 
 FRAME_SECONDS = FRAME_MS / 1000
-BURST_ALLOWANCE_S = 0.1  # how far ahead of real time a client's burst is fed at once
+# How far ahead of real time a client's burst is fed at once: as much as the RTP path allows
+# (media.rtc.receive), so a client that stalled (its loop, its network) and catches up
+# loses nothing; past it, the backlog and then the drops begin.
+BURST_ALLOWANCE_S = 0.5
 BACKLOG_FRAMES = 10  # 200 ms waiting for real time, at most
 # Tell the client once this much waits for real time, or the engine holds this many frames.
 BACKPRESSURE_AT_FRAMES = BACKLOG_FRAMES // 2

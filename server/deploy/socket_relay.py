@@ -22,7 +22,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from server.deploy.relay import passed_headers
 from server.deploy.workers import CLIENT_HEADER, Front, Worker
 from server.http.clients import client_of
-from server.http.socket_routes import SUBPROTOCOL, first_text, open_socket, refusal
+from server.http.socket_routes import SUBPROTOCOL, SocketGone, first_text, open_socket, refuse
 from signaling.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,10 @@ async def relay_socket(request: web.Request, front: Front) -> web.StreamResponse
         resumed = _resumed_session(hello)
         worker = front.owner(resumed) if resumed is not None else front.place(client)
         upstream = await _connect(request, worker, client)
+    except SocketGone:
+        return ws
     except ApiError as exc:
-        await ws.send_str(refusal(exc))
-        await ws.close(code=4000 + exc.status, message=exc.code.encode())
+        await refuse(ws, exc)
         return ws
     placement = _Placement(worker, client) if resumed is None else None
     try:

@@ -15,6 +15,7 @@ period like a WebRTC call. The heartbeat notices a peer that vanished without a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -31,9 +32,10 @@ log = logging.getLogger(__name__)
 SUBPROTOCOL = "cosyrtc"
 HELLO_TIMEOUT_S = 10.0
 HEARTBEAT_S = 5.0  # a ping this often; a peer that answers none is gone
-# The largest message: 120 ms of 48 kHz PCM16 and its header, or a 16 KiB JSON message.
-MAX_MESSAGE_BYTES = 16 * 1024
-HANG_UP = "bye"
+# aiohttp's own cap on a message, above every limit the protocol checks itself (a 16 KiB
+# hello or control message, 120 ms of audio): those get their precise refusal, and only a
+# message far beyond them is cut off by aiohttp (close 1009).
+MAX_SOCKET_MESSAGE_BYTES = 64 * 1024
 
 
 class WebSocketLink:
@@ -61,22 +63,36 @@ def refusal(exc: ApiError) -> str:
     return json.dumps(message)
 
 
+class SocketGone(Exception):
+    """The client closed or dropped the socket before its first message."""
+
+
 async def first_text(ws: web.WebSocketResponse) -> str:
-    """The client's first message, which must be text, within ``HELLO_TIMEOUT_S``."""
+    """The client's first message, which must be text, within ``HELLO_TIMEOUT_S``;
+    ``SocketGone`` when the socket ended first (there is no one left to refuse)."""
     try:
         async with asyncio.timeout(HELLO_TIMEOUT_S):
             message = await ws.receive()
     except TimeoutError:
         raise ApiError(408, "hello_timeout", "Send the hello within 10 s.") from None
+    if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+        raise SocketGone
     if message.type is not WSMsgType.TEXT:
         raise ApiError(400, "invalid_hello", "The first message must be a JSON text hello.")
     return str(message.data)
 
 
+async def refuse(ws: web.WebSocketResponse, exc: ApiError) -> None:
+    """Tell the client why (if it is still there) and close with ``4000 + status``."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await ws.send_str(refusal(exc))
+    await ws.close(code=4000 + exc.status, message=exc.code.encode())
+
+
 def open_socket(request: web.Request) -> web.WebSocketResponse:
     """The response that upgrades ``request``, or 426 when it is not a WebSocket request."""
     ws = web.WebSocketResponse(
-        heartbeat=HEARTBEAT_S, max_msg_size=MAX_MESSAGE_BYTES, protocols=(SUBPROTOCOL,)
+        heartbeat=HEARTBEAT_S, max_msg_size=MAX_SOCKET_MESSAGE_BYTES, protocols=(SUBPROTOCOL,)
     )
     if not ws.can_prepare(request).ok:
         raise ApiError(
@@ -103,46 +119,37 @@ class SocketRoutes:
         try:
             hello = parse_hello(await first_text(ws))
             attached = await self._sessions.open_socket(hello, link, client_of(request))
+        except SocketGone:
+            return ws
         except ApiError as exc:
-            await ws.send_str(refusal(exc))
-            await ws.close(code=4000 + exc.status, message=exc.code.encode())
+            await refuse(ws, exc)
             return ws
         session, connection = attached.session, attached.connection
-        await ws.send_str(
-            ready_message(
-                session.id,
-                session.resume_token,
-                session.engine.name,
-                session.engine.kind.value,
-                attached.codec,
-                connection.credit_ms,
-                attached.next_seq,
-                attached.resumed,
-            )
-        )
-        connection.start()
         hung_up = False
-        try:
+        try:  # from here on the session is listed: whatever happens, the socket's end is told
+            await ws.send_str(
+                ready_message(
+                    session.id,
+                    session.resume_token,
+                    session.engine.name,
+                    session.engine.kind.value,
+                    attached.codec,
+                    connection.credit_ms,
+                    attached.next_seq,
+                    attached.resumed,
+                )
+            )
+            connection.start()
             async for message in ws:
                 if message.type is WSMsgType.BINARY:
                     connection.receive_bytes(message.data)
-                elif message.type is WSMsgType.TEXT:
-                    if _is_hang_up(message.data):
-                        hung_up = True
-                        break
-                    connection.receive_text(message.data)
+                elif message.type is WSMsgType.TEXT and connection.receive_text(message.data):
+                    hung_up = True
+                    break
+        except (ConnectionError, RuntimeError) as exc:
+            log.debug("session %s: socket ended: %s", session.id, exc)
         finally:
             hung_up = hung_up or ws.close_code == WSCloseCode.OK
             await self._sessions.socket_closed(session, connection, hung_up)
             await ws.close()
         return ws
-
-
-def _is_hang_up(raw: str) -> bool:
-    if HANG_UP not in raw:
-        return False
-    try:
-        message = json.loads(raw)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(message, dict) and message.get("type") == HANG_UP
