@@ -1,6 +1,7 @@
-// cosyrtc browser client: the page's controls wired to a call (call.js), its level meters
-// (meters.js), the Live panel (live.js, fed by stats.js) and the event log (log.js). Requests
-// to the server go through api.js, which adds the access token when the server wants one.
+// cosyrtc browser client: the page's controls wired to a call (call.js over WebRTC,
+// socket-call.js over a WebSocket), its level meters (meters.js), the Live panel (live.js,
+// fed by the call's browser figures) and the event log (log.js). Requests to the server go
+// through api.js, which adds the access token when the server wants one.
 
 import { accessToken, api, AuthError, isAuthFailure, setAccessToken } from "./api.js";
 import { Call } from "./call.js";
@@ -9,9 +10,14 @@ import { LivePanel } from "./live.js";
 import { EventLog } from "./log.js";
 import { animateMeters, LevelMeter } from "./meters.js";
 import { optionFields, readOptions } from "./options.js";
-import { BrowserStats } from "./stats.js";
+import { SocketCall } from "./socket-call.js";
 
 const STATS_INTERVAL_MS = 1000;
+// The transport control's values, each with the call that speaks it and its name in the log.
+const TRANSPORTS = {
+  webrtc: { Call, name: "WebRTC" },
+  websocket: { Call: SocketCall, name: "WebSocket" },
+};
 
 // Every element with an id, keyed by its camelCased id ("session-id" -> ui.sessionId).
 const ui = {};
@@ -154,7 +160,7 @@ function useToken() {
 async function start(request = chosenRequest()) {
   audioContext ??= new AudioContext();
   audioContext.resume();
-  const current = new Call(request, callHandlers());
+  const current = new TRANSPORTS[request.transport].Call(request, callHandlers());
   call = current;
   channelOpen = false;
   livePanel.reset();
@@ -173,14 +179,15 @@ async function start(request = chosenRequest()) {
   }
 }
 
-function describeRequest({ engine, options }) {
+function describeRequest({ engine, options, transport }) {
   const settings = Object.entries(options).map(([name, value]) => `${name} ${value}`);
-  return [engine, ...settings].join(" · ");
+  return [engine, ...settings, `over ${TRANSPORTS[transport].name}`].join(" · ");
 }
 
 function chosenRequest() {
   const engine = selectedEngine();
-  return { engine: engine.name, kind: engine.kind, options: readOptions(ui.options) };
+  const options = readOptions(ui.options);
+  return { engine: engine.name, kind: engine.kind, options, transport: ui.transport.value };
 }
 
 function callHandlers() {
@@ -281,7 +288,7 @@ function endCall(message, isError = false) {
 function startBrowserStats() {
   clearInterval(statsTimer);
   const current = call;
-  const sampler = new BrowserStats(current.pc);
+  const sampler = current.browserStats();
   statsTimer = setInterval(async () => {
     const sample = await sampler.sample().catch(() => null);
     if (call === current && sample) livePanel.addBrowserStats(sample);
@@ -350,6 +357,7 @@ window.cosyrtc = Object.freeze({
     connectionState,
     channelOpen,
     engine: call?.request.engine ?? null,
+    transport: call?.request.transport ?? null,
     sessionId: call?.sessionId ?? null,
     input: { rms: meters.input.rms, maxRms: meters.input.maxRms },
     output: { rms: meters.output.rms, maxRms: meters.output.maxRms },

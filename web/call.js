@@ -3,11 +3,9 @@
 // the call resumes its server session on a new connection (see #resume).
 
 import { api, AuthError, isAuthFailure } from "./api.js";
+import { callMicrophone } from "./microphone.js";
+import { BrowserStats } from "./stats.js";
 
-// Browser noise suppression stays off so that what you hear is the server's denoiser.
-const MIC_CONSTRAINTS = {
-  audio: { echoCancellation: true, noiseSuppression: false, autoGainControl: false },
-};
 // The server does not take trickled candidates, so the offer waits for gathering to finish.
 // Some browsers never report "complete" on odd networks; after this long, send what we have.
 const ICE_GATHERING_TIMEOUT_MS = 5000;
@@ -20,33 +18,8 @@ const RESUME_DELAYS_MS = [0, 1000, 2000, 4000, 8000];
 // An attempt whose offer or new connection takes longer than this has failed: on a dead
 // network a request can hang for minutes.
 const RESUME_STEP_TIMEOUT_MS = 5000;
-// What went wrong with getUserMedia, and what the person can do about it.
-const MIC_PROBLEMS = {
-  NotAllowedError: [
-    "Microphone access was denied.",
-    "Allow it in the browser's site settings and press Start again.",
-  ],
-  NotFoundError: ["No microphone was found.", "Connect one and press Start again."],
-  NotReadableError: [
-    "The microphone could not be started.",
-    "Another application may be using it.",
-  ],
-  insecure: ["The microphone needs a secure page.", "Open this site over https or localhost."],
-};
-
-class MicrophoneError extends Error {
-  constructor(name) {
-    const [problem, fix] = MIC_PROBLEMS[name] ?? [
-      `The microphone could not be opened (${name}).`,
-      "Press Start to try again.",
-    ];
-    super(`${problem} ${fix}`);
-    this.problem = problem;
-  }
-}
-
 // Thrown by a call's pending steps once it has been closed: not a failure to report.
-class CallClosed extends Error {}
+export class CallClosed extends Error {}
 
 // The server answered an offer with an error; code is its "error" field.
 class OfferRefused extends Error {
@@ -89,7 +62,7 @@ export class Call {
 
   // Resolves once the answer is applied; media connects shortly after (see onState).
   async connect() {
-    this.stream = await this.#openMicrophone();
+    this.stream = await callMicrophone(this.request.kind, (...args) => this.#notify(...args));
     this.#ensureOpen();
     const track = this.stream?.getAudioTracks()[0];
     track?.addEventListener("ended", () => this.#notify("onMicrophoneEnded"));
@@ -103,6 +76,11 @@ export class Call {
     if (this.channel?.readyState !== "open") return false;
     this.channel.send(JSON.stringify(message));
     return true;
+  }
+
+  // The browser's figures for the connection in use now.
+  browserStats() {
+    return new BrowserStats(this.pc);
   }
 
   // Safe to call more than once, at any step of connect() and of a resume.
@@ -129,20 +107,6 @@ export class Call {
     this.pc?.close();
     this.#retired?.close();
     this.stream?.getTracks().forEach((track) => track.stop());
-  }
-
-  // A speak session still works without a microphone (only barge-in by voice is lost), so
-  // there the failure is reported and the call goes on; a transform has nothing to process.
-  async #openMicrophone() {
-    try {
-      const stream = await openMicrophone();
-      this.#notify("onMicrophone", stream);
-      return stream;
-    } catch (err) {
-      if (!(err instanceof MicrophoneError) || this.request.kind !== "speak") throw err;
-      this.#notify("onMicrophoneMissing", err);
-      return null;
-    }
   }
 
   // A connection with its data channel. Its events count only while it is the call's
@@ -302,17 +266,7 @@ function isFinalRefusal(err) {
   return refused && err.status < 500 && err.status !== 429;
 }
 
-async function openMicrophone() {
-  // Outside https and localhost, browsers hide navigator.mediaDevices altogether.
-  if (!navigator.mediaDevices?.getUserMedia) throw new MicrophoneError("insecure");
-  try {
-    return await navigator.mediaDevices.getUserMedia(MIC_CONSTRAINTS);
-  } catch (err) {
-    throw new MicrophoneError(err.name);
-  }
-}
-
-function parseMessage(data) {
+export function parseMessage(data) {
   try {
     return JSON.parse(data);
   } catch {
