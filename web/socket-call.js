@@ -16,10 +16,9 @@ const SUBPROTOCOL = "cosyrtc";
 const CREDIT_MS = 1000;
 const ACK_EVERY_FRAMES = 3; // one acknowledgement per 60 ms played
 const CLOSE_NORMAL = 1000; // a hang-up: the server ends the session
-// Browsers cannot put a header on a WebSocket, and the server takes the token only there.
-const TOKEN_REFUSAL =
-  "WebSocket calls cannot carry the access token this server needs: browsers cannot send " +
-  "it on a WebSocket. Choose WebRTC and press Start again.";
+// Browsers cannot put a header on a WebSocket: the token travels as a second subprotocol
+// entry, which the server reads as the bearer token (and never echoes back).
+const TOKEN_SUBPROTOCOL = "cosyrtc.bearer.";
 
 export class SocketCall {
   #closed = false;
@@ -43,7 +42,6 @@ export class SocketCall {
 
   // Resolves once the server is ready: audio flows both ways from then on.
   async connect() {
-    if (accessToken()) throw new Error(TOKEN_REFUSAL);
     this.audio = new SocketAudio();
     this.stream = await callMicrophone(this.request.kind, (...args) => this.#notify(...args));
     this.#ensureOpen();
@@ -97,7 +95,8 @@ export class SocketCall {
     return new Promise((resolve, reject) => {
       const url = new URL("/ws", location.href);
       url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-      const ws = new WebSocket(url, SUBPROTOCOL);
+      const token = accessToken();
+      const ws = new WebSocket(url, token ? [SUBPROTOCOL, TOKEN_SUBPROTOCOL + token] : SUBPROTOCOL);
       ws.binaryType = "arraybuffer";
       this.ws = ws;
       ws.addEventListener("open", () => ws.send(JSON.stringify(this.#hello())));

@@ -21,6 +21,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from server.deploy.relay import passed_headers
 from server.deploy.workers import CLIENT_HEADER, Front, Worker
+from server.http.auth import bearer_token
 from server.http.clients import client_of
 from server.http.socket_routes import SUBPROTOCOL, SocketGone, first_text, open_socket, refuse
 from signaling.errors import ApiError
@@ -101,6 +102,9 @@ async def _connect(
         if not k.lower().startswith("sec-websocket")
     }
     headers[CLIENT_HEADER] = client
+    token = bearer_token(request)  # a browser's rides on a subprotocol: the worker needs it
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     try:
         return await worker.http.ws_connect(
             f"http://worker{request.path_qs}", headers=headers, protocols=(SUBPROTOCOL,)

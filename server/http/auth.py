@@ -12,8 +12,9 @@ A CORS preflight (``OPTIONS``) is public too: browsers send it without credentia
 answers only what any visitor may know; routes that put secrets in an ``OPTIONS`` answer
 (WHIP's ICE servers with TURN passwords) check :func:`is_authorized` first.
 
-The token is read from the ``Authorization`` header only, never from an ``access_token``
-query parameter (RFC 6750 §2.3): a URL ends up in access logs (aiohttp logs the request
+The token is read from the ``Authorization`` header (or, on a WebSocket upgrade, a
+subprotocol entry: see :func:`bearer_token`), never from an ``access_token`` query
+parameter (RFC 6750 §2.3): a URL ends up in access logs (aiohttp logs the request
 line), proxy logs and browser history. The page needs no such parameter: it receives its
 session's events over the data channel, and a browser client of ``GET
 /sessions/{id}/events`` can read the stream with ``fetch()``, which sends headers, instead
@@ -36,6 +37,7 @@ PUBLIC_PATHS: frozenset[str] = frozenset(
 )
 ADMIN_PATHS: frozenset[str] = frozenset({"/sessions", "/metrics", "/cluster", "/admin/drain"})
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="cosyrtc"'}
+SUBPROTOCOL_TOKEN_PREFIX = "cosyrtc.bearer."
 AUTHORIZED: web.RequestKey[bool] = web.RequestKey("authorized", bool)
 
 
@@ -45,12 +47,32 @@ def _secret(value: str) -> bytes:
 
 
 def bearer_token(request: web.Request) -> str | None:
-    """The token of a well-formed ``Bearer`` header, ``None`` when absent or malformed."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    """The token of a well-formed ``Bearer`` header, ``None`` when absent or malformed.
+
+    A WebSocket upgrade without the header may carry the token as a subprotocol entry,
+    ``cosyrtc.bearer.<token>`` beside ``cosyrtc``: browsers cannot set headers on a
+    WebSocket, and a header (unlike a URL) stays out of access logs. The server answers
+    with ``cosyrtc`` alone, so the token is never echoed.
+    """
+    header = request.headers.get("Authorization")
+    if header is None:
+        return _subprotocol_token(request)
+    scheme, _, token = header.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or " " in token:
         return None
     return token
+
+
+def _subprotocol_token(request: web.Request) -> str | None:
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return None
+    offered = request.headers.get("Sec-WebSocket-Protocol", "")
+    for entry in offered.split(","):
+        name = entry.strip()
+        if name.startswith(SUBPROTOCOL_TOKEN_PREFIX) and len(name) > len(SUBPROTOCOL_TOKEN_PREFIX):
+            return name[len(SUBPROTOCOL_TOKEN_PREFIX) :]
+    return None
 
 
 def is_authorized(request: web.Request) -> bool:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import pytest
 
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.wav import read_wav
+from media.engines.registry import EngineRegistry
 from media.transports.socket_frames import pack
 from media.transports.socket_output import MAX_WAITING_MS
 from peer.cli import CallResult, PeerOptions, call
@@ -22,7 +24,7 @@ from peer.probe import ChirpInserter, marker_rtts, silence_after
 from peer.socket_call import SocketCall
 from peer.speech import SpeechFixture
 from server.sessions.session import Session
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, running_server
 from tests.fuzz.harness import rss_bytes
 from tests.integration.test_speak_call import PARAGRAPH, SILENCE_RMS, frame_rms, silence
 from tests.integration.test_transform_call import align_segments, frame_levels_db
@@ -268,3 +270,29 @@ async def test_sockets_through_the_front_reach_a_worker_and_resume_on_its_owner(
             url = f"{front.url}sessions/{first.session_id}"
             async with http.get(url) as response:
                 assert response.status == 404  # hung up: the session ended on its worker
+
+
+async def test_the_token_rides_in_a_header_or_a_subprotocol_and_is_never_echoed(
+    registry: EngineRegistry,
+):
+    async with (
+        running_server(registry, auth_token="s3cret-token") as served,
+        aiohttp.ClientSession() as http,
+    ):
+        url = "ws" + served.url[4:] + "ws"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url, protocols=("cosyrtc",))
+        assert refused.value.status == 401
+        with pytest.raises(aiohttp.WSServerHandshakeError) as wrong:
+            await http.ws_connect(url, protocols=("cosyrtc", "cosyrtc.bearer.wrong"))
+        assert wrong.value.status == 403
+        async with http.ws_connect(url, protocols=("cosyrtc", "cosyrtc.bearer.s3cret-token")) as ws:
+            assert ws.protocol == "cosyrtc"
+            await ws.send_str('{"type": "hello", "engine": "echo"}')
+            ready = await ws.receive_json()
+            assert ready["type"] == "ready", ready
+            await ws.send_str('{"type": "bye"}')
+        headers = {"Authorization": "Bearer s3cret-token"}
+        async with http.ws_connect(url, protocols=("cosyrtc",), headers=headers) as ws:
+            await ws.send_str('{"type": "hello", "engine": "echo"}')
+            assert (await ws.receive_json())["type"] == "ready"
