@@ -7,8 +7,8 @@ A middleware on the node's public app (a single server's, or the front's):
   node checks in Redis before it takes the offer (a client cannot claim one); media then
   flows between the caller and that node. A resumed session goes to the node that has it.
 - every later request for a session (WHIP ``Location``, PATCH, DELETE, speak, interrupt,
-  events) goes to the node its id names (ids start ``<node>.``); a node that has left
-  answers for its sessions with 404 ``session_not_found`` at once.
+  events, a socket's resume) goes to the node its id names (ids start ``<node>.``); a node
+  that has left answers for its sessions with 404 ``session_not_found`` at once.
 - the whole cluster full: 503 ``at_capacity`` with ``Retry-After``; a client holding its
   share across the cluster: 429 ``client_session_limit``.
 
@@ -30,10 +30,13 @@ from prometheus_client import CollectorRegistry, Counter
 from server.config import Settings
 from server.deploy.cluster import Cluster
 from server.deploy.relay import passed_headers, relay
+from server.deploy.socket_relay import connect_upstream
+from server.deploy.socket_relay import relay as relay_socket
 from server.http.bodies import read_body
 from server.http.clients import CLIENT_KEY, PLACED_CHECK, client_of
 from server.http.node import CLUSTER_KEY
 from server.http.routes import ApiRoute, Reach, node_of, route_of
+from server.http.socket_routes import OPENED_SOCKET, accept, refuse, resumed_session
 from server.sessions import refusals
 from signaling.errors import ApiError
 
@@ -80,9 +83,37 @@ class ClusterRouting:
                     return await self._to_node(request, owner, body=None, route=route)
             if route is not None and route.reach is Reach.NEW_SESSION:
                 return await self._new_session(request, route, handler)
+            if route is not None and route.handler == "websocket":
+                return await self._socket(request, handler)
             return await handler(request)
 
         return route_across_nodes
+
+    async def _socket(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A socket whose hello resumes a session another node owns is relayed there whole;
+        any other is this node's (new sessions over sockets are admitted where they land)."""
+        ws, hello = await accept(request)
+        if hello is None:
+            return ws
+        resumed = resumed_session(hello)
+        owner = node_of(resumed) if resumed is not None else None
+        if owner is None or owner == self._cluster.node_id:
+            request[OPENED_SOCKET] = (ws, hello)
+            return await handler(request)
+        gone = ApiError(404, "session_not_found", "No live session has that id.")
+        url = await self._cluster.url_of(owner)
+        if url is None or self._http is None:
+            await refuse(ws, gone)
+            return ws
+        try:
+            upstream = await connect_upstream(
+                request, self._http, url.rstrip("/") + request.path_qs, {}
+            )
+        except ApiError:  # the node vanished with its sessions (its record has not expired)
+            await refuse(ws, gone)
+            return ws
+        await relay_socket(ws, hello, upstream)
+        return ws
 
     async def _new_session(
         self, request: web.Request, route: ApiRoute, handler: Handler

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 import aiohttp
@@ -23,7 +22,7 @@ from server.deploy.relay import passed_headers
 from server.deploy.workers import CLIENT_HEADER, Front, Worker
 from server.http.auth import bearer_token
 from server.http.clients import client_of
-from server.http.socket_routes import SUBPROTOCOL, SocketGone, first_text, open_socket, refuse
+from server.http.socket_routes import SUBPROTOCOL, accept, refuse, resumed_session
 from signaling.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -33,41 +32,41 @@ CLIENT_LOST = WSCloseCode.GOING_AWAY
 FORWARDED_TYPES = (WSMsgType.TEXT, WSMsgType.BINARY)
 
 
-def _resumed_session(hello: str) -> str | None:
-    """The session id a hello asks to resume, if it does; the worker checks the rest."""
-    try:
-        payload = json.loads(hello)
-    except (ValueError, RecursionError):
-        return None
-    resume = payload.get("resume") if isinstance(payload, dict) else None
-    session_id = resume.get("session_id") if isinstance(resume, dict) else None
-    return session_id if isinstance(session_id, str) else None
-
-
 async def relay_socket(request: web.Request, front: Front) -> web.StreamResponse:
-    ws = open_socket(request)
-    await ws.prepare(request)
-    client = client_of(request)
-    try:
-        hello = await first_text(ws)
-        resumed = _resumed_session(hello)
-        worker = front.owner(resumed) if resumed is not None else front.place(client)
-        upstream = await _connect(request, worker, client)
-    except SocketGone:
+    ws, hello = await accept(request)
+    if hello is None:
         return ws
+    client = client_of(request)
+    resumed = resumed_session(hello)
+    try:
+        worker = front.owner(resumed) if resumed is not None else front.place(client)
+        assert worker.http is not None
+        upstream = await connect_upstream(
+            request, worker.http, f"http://worker{request.path_qs}", {CLIENT_HEADER: client}
+        )
     except ApiError as exc:
         await refuse(ws, exc)
         return ws
     placement = _Placement(worker, client) if resumed is None else None
+    await relay(ws, hello, upstream, placement)
+    return ws
+
+
+async def relay(
+    ws: web.WebSocketResponse,
+    first: str,
+    upstream: aiohttp.ClientWebSocketResponse,
+    placement: _Placement | None = None,
+) -> None:
+    """Pass the client's first message on, then everything both ways until one side ends."""
     try:
-        await upstream.send_str(hello)
+        await upstream.send_str(first)
         await _pipe(ws, upstream, placement)
     finally:
         if placement is not None:
             placement.settle(opened=False)
         await upstream.close()
         await ws.close()
-    return ws
 
 
 class _Placement:
@@ -91,26 +90,25 @@ class _Placement:
             self._worker.clients[self._client] += 1
 
 
-async def _connect(
-    request: web.Request, worker: Worker, client: str
+async def connect_upstream(
+    request: web.Request, http: aiohttp.ClientSession, url: str, extra: dict[str, str]
 ) -> aiohttp.ClientWebSocketResponse:
-    assert worker.http is not None
-    dropped = frozenset({CLIENT_HEADER.lower(), "sec-websocket-key", "sec-websocket-version"})
+    """A socket to the process that serves this one (a worker, or another node), carrying
+    the request's end-to-end headers and ``extra``."""
+    dropped = frozenset(k.lower() for k in extra)
     headers = {
         k: v
         for k, v in passed_headers(request, dropped).items()
         if not k.lower().startswith("sec-websocket")
     }
-    headers[CLIENT_HEADER] = client
-    token = bearer_token(request)  # a browser's rides on a subprotocol: the worker needs it
+    headers.update(extra)
+    token = bearer_token(request)  # a browser's rides on a subprotocol: pass it as a header
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     try:
-        return await worker.http.ws_connect(
-            f"http://worker{request.path_qs}", headers=headers, protocols=(SUBPROTOCOL,)
-        )
+        return await http.ws_connect(url, headers=headers, protocols=(SUBPROTOCOL,))
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise ApiError(502, "worker_unavailable", "The session's worker did not answer.") from exc
+        raise ApiError(502, "upstream_unavailable", "The session's server did not answer.") from exc
 
 
 async def _pipe(

@@ -104,6 +104,38 @@ def open_socket(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+# A socket a middleware already upgraded, with the first message it read (a cluster node
+# reads the hello to see whether it resumes a session another node owns).
+OPENED_SOCKET: web.RequestKey[tuple[web.WebSocketResponse, str]] = web.RequestKey(
+    "opened_socket", tuple
+)
+
+
+async def accept(request: web.Request) -> tuple[web.WebSocketResponse, str | None]:
+    """Upgrade ``request`` and read the client's first message; None for the message when
+    the socket is done already (gone, or refused with its reason)."""
+    ws = open_socket(request)
+    await ws.prepare(request)
+    try:
+        return ws, await first_text(ws)
+    except SocketGone:
+        return ws, None
+    except ApiError as exc:
+        await refuse(ws, exc)
+        return ws, None
+
+
+def resumed_session(hello: str) -> str | None:
+    """The session id a hello asks to resume, if it does; the owner checks the rest."""
+    try:
+        payload = json.loads(hello)
+    except (ValueError, RecursionError):
+        return None
+    resume = payload.get("resume") if isinstance(payload, dict) else None
+    session_id = resume.get("session_id") if isinstance(resume, dict) else None
+    return session_id if isinstance(session_id, str) else None
+
+
 class SocketRoutes:
     def __init__(self, sessions: SessionManager) -> None:
         self._sessions = sessions
@@ -113,14 +145,17 @@ class SocketRoutes:
         return {"websocket": self.websocket}
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
-        ws = open_socket(request)
-        await ws.prepare(request)
+        if OPENED_SOCKET in request:
+            ws, first = request[OPENED_SOCKET]
+        else:
+            ws, opened = await accept(request)
+            if opened is None:
+                return ws
+            first = opened
         link = WebSocketLink(ws)
         try:
-            hello = parse_hello(await first_text(ws))
+            hello = parse_hello(first)
             attached = await self._sessions.open_socket(hello, link, client_of(request))
-        except SocketGone:
-            return ws
         except ApiError as exc:
             await refuse(ws, exc)
             return ws

@@ -19,6 +19,8 @@ from bench.cluster import Node, RedisServer, cluster_of, start_node, wait_until_
 from bench.overload import real_offers
 from media.rtc.compat import restrict_host_addresses
 from peer.call import PeerCall
+from peer.socket_call import SocketCall
+from signaling.client import SignalingError
 
 ICE_TIMEOUT = ("--ice-timeout", "5")  # half-open offers free their slot soon
 EXCLUDED_WITHIN_S = 2.0
@@ -289,3 +291,29 @@ async def test_a_rolling_restart_of_every_node_refuses_nothing(
     assert len(replies) >= 15, len(replies)
     for _, body, drained in replies:
         assert owner(body["session_id"]) not in drained.split(","), (body, drained)
+
+
+async def test_a_socket_session_resumes_through_a_node_that_does_not_own_it(
+    redis_server: RedisServer,
+):
+    """A WebSocket session opened at one node, its socket cut, resumed with a hello sent to
+    another node: relayed to the owner, the same session continues."""
+    with cluster_of(redis_server, [4, 4, 4]) as nodes:
+        first = SocketCall(nodes[0].url, tone(10), engine="echo")
+        await first.connect()
+        await asyncio.sleep(1.0)
+        assert first.session_id is not None and owner(first.session_id) == nodes[0].node_id
+        resume = first.resume_info()
+        await first.cut()
+        await asyncio.sleep(0.5)
+        async with SocketCall(nodes[2].url, tone(10), engine="echo", resume=resume) as second:
+            assert second.ready is not None and second.ready["resumed"] is True
+            assert second.session_id == first.session_id
+            await asyncio.sleep(1.0)
+            assert len(second.received()) > 48_000 // 2  # audio flows through the relay
+            assert await second.end() == 200
+        stale = SocketCall(nodes[1].url, tone(1), engine="echo", resume=resume)
+        with pytest.raises(SignalingError) as refused:  # hung up: nothing to resume
+            await stale.connect()
+        await stale.close()
+        assert refused.value.code == "session_not_found"
