@@ -12,16 +12,16 @@ TEST_STAMP := $(VENV)/.installed-test
 # espeak-ng: speech fixtures; chromium: browser tests; redis-server: the cluster tests (each
 # starts its own on a free port); the rest: the interop tests' GStreamer
 # clients (webrtcbin through Debian's python3-gi, simple-whip-client) in a network namespace.
-DEBIAN_TEST_PACKAGES := espeak-ng chromium iproute2 redis-server python3-gi python3-gst-1.0 \
+DEBIAN_TEST_PACKAGES := espeak-ng chromium iproute2 redis-server libpython3.11 python3-gi python3-gst-1.0 \
 	gir1.2-gst-plugins-bad-1.0 gstreamer1.0-nice gstreamer1.0-plugins-base \
 	gstreamer1.0-plugins-good gstreamer1.0-plugins-bad simple-whip-client
 
-.PHONY: run test install install-test system-test-deps lint bench clean cosyvoice
+.PHONY: run test install install-test system-test-deps lint bench clean cosyvoice triton-standin
 
 run: install
 	$(PY) -m server serve $(ARGS)
 
-test: install-test system-test-deps cosyvoice lint
+test: install-test system-test-deps cosyvoice triton-standin lint
 	$(PY) -m pytest -q
 
 install: $(STAMP)
@@ -57,6 +57,25 @@ $(COSYVOICE_STAMP): $(STAMP) requirements/cosyvoice.txt
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -r requirements/cosyvoice.txt
 	$(PIP) install -q --no-deps $(COSYVOICE_MODULES)
+	touch $@
+
+# The Triton stand-in (tests/triton, scripts/triton_standin.py) in an environment of its own:
+# the CPU tritonserver and Python backend inside nvidia-pytriton, whose backend needs
+# numpy < 2 (the server's has numpy 2). It lives inside .venv, which git and the linters
+# skip. The wheel goes in --no-deps: only its server binaries are used. Its backend stub
+# embeds Debian's libpython3.11 (in DEBIAN_TEST_PACKAGES).
+TRITON_VENV := $(VENV)/triton
+TRITON_STAMP := $(TRITON_VENV)/.installed
+TRITON_SERVER := nvidia-pytriton==0.7.0
+
+triton-standin: $(TRITON_STAMP)
+
+$(TRITON_STAMP): requirements/triton-standin.txt
+	rm -rf $(TRITON_VENV)
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/pip install -q -r requirements/triton-standin.txt
+	$(TRITON_VENV)/bin/pip install -q --no-deps $(TRITON_SERVER)
 	touch $@
 
 # Debian packages the tests use (speech fixtures, the browser tests). Installed when missing and running as

@@ -134,6 +134,12 @@ class Engine(ABC, Generic[StateT]):
     runs_inline: bool = False
     capabilities: Capabilities = field(default=Capabilities())
 
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the engine takes no new sessions right now (a remote server it cannot reach),
+        or None while it does. Asked at every admission; live sessions are not affected."""
+        return None
+
     def validate_options(self, raw: Mapping[str, Any] | None) -> dict[str, Any]:
         """Return the complete option set: defaults overlaid with the supplied values."""
         raw = raw or {}

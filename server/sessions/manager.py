@@ -163,10 +163,13 @@ class SessionManager:
         ]
 
     def engines_document(self) -> dict[str, Any]:
+        loaded = [self._registry.get(name) for name in self._registry.names]
+        # A loaded engine whose server is away is listed, and said unavailable for now.
+        away = {e.name: e.unavailable_reason for e in loaded if e.unavailable_reason}
         return {
             "default": self._settings.engine,
-            "engines": [self._registry.get(name).describe() for name in self._registry.names],
-            "unavailable": self._registry.unavailable,
+            "engines": [engine.describe() for engine in loaded],
+            "unavailable": {**self._registry.unavailable, **away},
         }
 
     # --- admission -------------------------------------------------------------------
@@ -182,6 +185,11 @@ class SessionManager:
             raise ApiError(unknown_status, "unknown_engine", str(exc)) from exc
         except EngineUnavailable as exc:
             raise ApiError(503, "engine_unavailable", str(exc)) from exc
+        reason = engine.unavailable_reason
+        if reason is not None:
+            raise refusals.unavailable(
+                "engine_unavailable", f"Engine '{name}' is not available: {reason}"
+            )
         if not isinstance(engine, TransformEngine | SpeakEngine):
             raise ApiError(400, "unsupported_engine", f"Engine '{name}' cannot run a call.")
         breaker = self.breakers[engine.name]
