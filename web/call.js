@@ -14,10 +14,10 @@ const ICE_GATHERING_TIMEOUT_MS = 5000;
 const DISCONNECTED_WAIT_MS = 2000;
 // The pause before each resume attempt: 15 s in all, inside the server's default 20 s grace
 // period (after it the server answers 404 and the page starts a new call).
-const RESUME_DELAYS_MS = [0, 1000, 2000, 4000, 8000];
+export const RESUME_DELAYS_MS = [0, 1000, 2000, 4000, 8000];
 // An attempt whose offer or new connection takes longer than this has failed: on a dead
 // network a request can hang for minutes.
-const RESUME_STEP_TIMEOUT_MS = 5000;
+export const RESUME_STEP_TIMEOUT_MS = 5000;
 // Thrown by a call's pending steps once it has been closed: not a failure to report.
 export class CallClosed extends Error {}
 
@@ -314,6 +314,6 @@ function connected(pc, timeoutMs) {
   });
 }
 
-function sleep(ms) {
+export function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }

@@ -126,7 +126,10 @@ async def _pipe(
                 refused = message.type is WSMsgType.TEXT and '"error"' in message.data
                 placement.settle(opened=not refused)
             await _forward(ws, message)
-        code = upstream.close_code or WSCloseCode.OK
+        code = upstream.close_code
+        if code in (None, WSCloseCode.ABNORMAL_CLOSURE):
+            # 1006 never goes in a close frame: the worker vanished, which is a server error.
+            code = WSCloseCode.INTERNAL_ERROR
         await ws.close(code=code, message=b"")
 
     async def up() -> None:

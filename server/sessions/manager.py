@@ -476,8 +476,8 @@ class SessionManager:
         """A session's socket closed from the client's side: a hang-up ends the session;
         a lost socket detaches it, resumable within the grace period."""
         connection.closed_by_client()
-        if session.connection is not connection:
-            return  # replaced already by a resumed connection
+        if session.connection is not connection or self._sessions.get(session.id) is not session:
+            return  # replaced already by a resumed connection, or the session is ending
         if hung_up:
             await self._close_if_open(session.id, "connection_closed")
         else:

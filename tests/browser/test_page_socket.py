@@ -3,19 +3,23 @@
 Same browser and fake microphone as tests/browser/test_page.py. The page captures the
 microphone with an AudioWorklet, sends 48 kHz PCM16 frames, plays the server's frames from
 a jitter buffer and acknowledges them; the session on the server says so (``describe()``'s
-``socket`` part), and the page shows the server's events as it does over WebRTC.
+``socket`` part), and the page shows the server's events as it does over WebRTC. A socket
+that drops is resumed on a new one, as a WebRTC call is (tests/browser/test_page_resume.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
 from typing import Any
 
-from playwright.async_api import Page, WebSocket, expect
+from playwright.async_api import Page, WebSocket, WebSocketRoute, expect
 
 from media.engines.registry import EngineRegistry
+from media.transports.socket_connection import SocketConnection
+from server.http.socket_routes import WebSocketLink
 from tests.browser.test_page import (
     DESKTOP,
     LONG_TEXT,
@@ -35,6 +39,11 @@ from tests.browser.test_page import (
     wait_for_output_above_silence,
 )
 from tests.browser.test_page_auth import TOKEN
+from tests.browser.test_page_resume import (
+    NO_RETRY_WAIT_MS,
+    assert_caller_audio_flows,
+    next_event,
+)
 from tests.conftest import RunningServer, running_server
 
 # The page's playout buffer aims at 60 ms and never holds more than 200 ms; with its
@@ -43,6 +52,15 @@ MAX_UNPLAYED_MS = 400
 # 48 kHz PCM16 is 768 kb/s, and one 8-byte header per 20 ms frame.
 PCM_KBPS = 768
 SPEECH_ENDED_WITHIN_MS = 1000
+# The page hears of a cut socket at once and resumes straight away (its first attempt does
+# not wait); measured 0.01-0.04 s.
+RESUMED_WITHIN_S = 5.0
+# Frames the page played after the resume, by the server's count of its acknowledgements.
+PLAYED_AFTER_RESUME_FRAMES = 25
+# How long the page waits on a socket that carries nothing before it replaces it
+# (socket-call.js), checked once a second.
+QUIET_LIMIT_S = 5.0
+QUIET_CHECK_S = 1.0
 
 
 class SocketTexts:
@@ -77,6 +95,23 @@ def describe_socket_session(server: RunningServer, session_id: str) -> dict[str,
     described = server.server.sessions.get(session_id).describe()
     assert "socket" in described, f"not a WebSocket session: {sorted(described)}"
     return described
+
+
+def cut_socket(server: RunningServer, session_id: str) -> None:
+    """Drop the session's socket as a failing network does: its TCP connection goes, with
+    no closing handshake either way (the page sees close code 1006).
+
+    Nothing public reaches a socket's transport: this goes through the session's
+    ``SocketConnection``, its link (``server.http.socket_routes.WebSocketLink``), the aiohttp
+    ``WebSocketResponse`` it writes to, and that response's request.
+    """
+    connection = server.server.sessions.get(session_id).connection
+    assert isinstance(connection, SocketConnection), f"not a socket: {connection!r}"
+    link = connection._link
+    assert isinstance(link, WebSocketLink), f"not an aiohttp socket: {link!r}"
+    request = link._ws._req
+    assert request is not None and request.transport is not None, "nothing left to cut"
+    request.transport.abort()
 
 
 async def test_echo_over_websocket_plays_the_microphone_back_and_acknowledges_it(
@@ -206,3 +241,243 @@ async def test_websocket_carries_the_access_token_as_a_subprotocol(
         await wait_for_output_above_silence(page)
         await stop_call(page, server)
         assert not errors, f"script errors on the page: {errors}"
+
+
+async def test_a_cut_socket_is_resumed_and_its_audio_comes_back(
+    registry: EngineRegistry,
+    mic_wav: Path,  # noqa: F811
+):
+    """The socket dies without a close: the page reconnects at once with the last ready's
+    resume token and the last frame it played, continues the same session on a new socket
+    (nothing played twice, nothing counted lost), audio flows both ways again, and Stop
+    still ends the session."""
+    async with (
+        running_server(registry) as server,
+        chromium(mic_wav) as browser,
+        opened_page(browser, server, DESKTOP) as page,
+    ):
+        texts = SocketTexts(page)
+        await choose_websocket(page)
+        session_id = (await start_call(page, "echo"))["sessionId"]
+        session = server.server.sessions.get(session_id)
+        events = session.events.subscribe()
+        await wait_for_output_above_silence(page)
+        first_ready = texts.received[types(texts.received).index("ready")]
+
+        cut_socket(server, session_id)
+        detached = await next_event(events, "detached", RESUMED_WITHIN_S)
+        assert detached["reason"] == "the socket closed"
+        await next_event(events, "resumed", RESUMED_WITHIN_S)
+
+        # The page said what it was doing, then was connected again, to the same session.
+        log = page.locator("#log li")
+        await expect(log.filter(has_text="reconnecting")).to_have_count(1)
+        await expect(log.filter(has_text="reconnecting")).to_contain_text("attempt 1")
+        await expect(log.filter(has_text=f"session {session_id}")).to_have_count(2)
+        await expect(page.locator("#log li[data-kind=error]")).to_have_count(0)
+        await expect(page.locator("#connection-state")).to_have_text("connected")
+        await expect(page.locator("#message")).to_contain_text("Connected.")
+        assert (await snapshot(page))["sessionId"] == session_id
+        assert server.server.sessions.get(session_id) is session
+        assert describe_socket_session(server, session_id)["resumes"] == 1
+
+        # The second hello resumed with what the first ready gave and the page had played.
+        hellos = [message for message in texts.sent if message["type"] == "hello"]
+        assert len(hellos) == 2 and "resume" not in hellos[0]
+        resume = hellos[1]["resume"]
+        assert resume["session_id"] == session_id
+        assert resume["token"] == first_ready["resume_token"]
+        assert isinstance(resume["played_seq"], int)
+        readies = [message for message in texts.received if message["type"] == "ready"]
+        assert len(readies) == 2 and readies[1]["resumed"] is True
+        assert readies[1]["resume_token"] != first_ready["resume_token"]
+        assert readies[1]["next_seq"] > resume["played_seq"]
+        # Everything sent after what the page had played was sent again, some of which the
+        # page held already (see packetsLost below).
+        assert describe_socket_session(server, session_id)["socket"]["frames_resent"] > 0
+
+        # Audio both ways again: the microphone reaches the engine, and the page plays (and
+        # acknowledges) the frames of the new socket.
+        await assert_caller_audio_flows(session)
+        played = describe_socket_session(server, session_id)["socket"]["played_seq"]
+        assert played > readies[1]["next_seq"] + PLAYED_AFTER_RESUME_FRAMES
+        await page.wait_for_function(
+            "(floor) => window.cosyrtc.snapshot().output.rms > floor", arg=SILENCE_RMS
+        )
+        # Frames the server sent again that the page held already were dropped, not played
+        # twice nor counted as a gap in the sequence.
+        browser_stats = (await snapshot(page))["browser"]
+        assert browser_stats is not None and browser_stats["packetsLost"] == 0, browser_stats
+        assert describe_socket_session(server, session_id)["resumes"] == 1
+        await stop_call(page, server)
+
+
+async def test_a_resume_the_server_refuses_as_session_not_found_starts_a_new_call(
+    registry: EngineRegistry,
+    mic_wav: Path,  # noqa: F811
+):
+    """The session ends while its socket is cut (its server lost it): the resume is refused
+    with ``session_not_found`` and the page starts a new call by itself, as over WebRTC."""
+    async with (
+        running_server(registry) as server,
+        chromium(mic_wav) as browser,
+        opened_page(browser, server, DESKTOP) as page,
+    ):
+        texts = SocketTexts(page)
+        await choose_websocket(page)
+        first = (await start_call(page, "echo"))["sessionId"]
+        sessions = server.server.sessions
+        session = sessions.get(first)
+        await wait_for_output_above_silence(page)
+
+        # In one step of the server's loop: the page cannot resume in between.
+        cut_socket(server, first)
+        await sessions.close_session(first, "the test lost it")
+        assert session.closed.is_set()
+
+        restarted = page.locator("#log li", has_text="The server lost the call")
+        await expect(restarted).to_have_count(1, timeout=RESUMED_WITHIN_S * 1000)
+        await expect(page.locator("#connection-state")).to_have_text("connected")
+        second = (await snapshot(page))["sessionId"]
+        assert second not in (None, first)
+        assert (await snapshot(page))["transport"] == "websocket"
+        assert len(sessions) == 1 and describe_socket_session(server, second)["resumes"] == 0
+        await expect(page.locator("#message")).to_contain_text("Connected.")
+
+        hellos = [message for message in texts.sent if message["type"] == "hello"]
+        assert [hello.get("resume", {}).get("session_id") for hello in hellos] == [
+            None,
+            first,
+            None,
+        ]
+        refusals = [message for message in texts.received if message["type"] == "error"]
+        assert [refusal["error"] for refusal in refusals] == ["session_not_found"]
+        await wait_for_output_above_silence(page)
+        await stop_call(page, server)
+
+
+class GoingDark:
+    """Relays the page's sockets (Playwright's WebSocket routing) and can make the first
+    one's link go dark: from then on nothing crosses it either way, not even a close, as
+    when a network dies without a word. Pings stay with the browser's real socket, so the
+    server does not notice either."""
+
+    def __init__(self) -> None:
+        self.sockets = 0
+        self.dark = False
+
+    def relay(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+        self.sockets += 1
+        if self.sockets > 1:
+            return  # relayed as it is
+
+        def alive() -> bool:
+            return not self.dark
+
+        def to_server(message: str | bytes) -> None:
+            if alive():
+                server_side.send(message)
+
+        def to_page(message: str | bytes) -> None:
+            if alive():
+                page_side.send(message)
+
+        async def close_server(code: int | None, reason: str | None) -> None:
+            if alive():
+                await server_side.close(code=code, reason=reason)
+
+        async def close_page(code: int | None, reason: str | None) -> None:
+            if alive():
+                await page_side.close(code=code, reason=reason)
+
+        page_side.on_message(to_server)
+        server_side.on_message(to_page)
+        page_side.on_close(close_server)
+        server_side.on_close(close_page)
+
+
+async def test_a_socket_gone_silent_is_replaced_and_the_session_resumed(
+    registry: EngineRegistry,
+    mic_wav: Path,  # noqa: F811
+):
+    """The socket carries nothing more and nobody closes it: the browser would not notice
+    for minutes. The server sends something at least every second (its stats), so after
+    5 s of nothing the page gives up on the socket and resumes the session on a new one,
+    which replaces the old one on the server too."""
+    async with (
+        running_server(registry) as server,
+        chromium(mic_wav) as browser,
+        opened_page(browser, server, DESKTOP) as page,
+    ):
+        link = GoingDark()
+        await page.route_web_socket("**/ws", link.relay)
+        await choose_websocket(page)
+        session_id = (await start_call(page, "echo"))["sessionId"]
+        session = server.server.sessions.get(session_id)
+        events = session.events.subscribe()
+        await wait_for_output_above_silence(page)
+
+        loop = asyncio.get_running_loop()
+        link.dark = True
+        went_dark = loop.time()
+        detached = await next_event(events, "detached", QUIET_LIMIT_S + 2 * QUIET_CHECK_S)
+        assert detached["reason"] == "a new connection resumes it"
+        await next_event(events, "resumed", RESUMED_WITHIN_S)
+        assert loop.time() - went_dark >= QUIET_LIMIT_S - 0.1
+        assert link.sockets == 2
+
+        await expect(page.locator("#log li", has_text="reconnecting")).to_have_count(1)
+        await expect(page.locator("#connection-state")).to_have_text("connected")
+        assert (await snapshot(page))["sessionId"] == session_id
+        assert describe_socket_session(server, session_id)["resumes"] == 1
+        await assert_caller_audio_flows(session)
+        await stop_call(page, server)
+
+
+async def test_stop_during_a_socket_resume_deletes_the_session_and_nothing_retries(
+    registry: EngineRegistry,
+    mic_wav: Path,  # noqa: F811
+):
+    """Stop pressed while the resume's socket waits for its ready: the session (detached,
+    with no socket to hang up on) is deleted, and nothing is tried again behind the
+    person's back."""
+    async with (
+        running_server(registry) as server,
+        chromium(mic_wav) as browser,
+        opened_page(browser, server, DESKTOP) as page,
+    ):
+        await choose_websocket(page)
+        session_id = (await start_call(page, "echo"))["sessionId"]
+        sessions = server.server.sessions
+        session = sessions.get(session_id)
+        events = session.events.subscribe()
+
+        # From now on a socket opens but the server never answers: it never reaches it.
+        hellos: list[dict[str, Any]] = []
+
+        def unanswered(page_side: WebSocketRoute) -> None:
+            def keep_hello(message: str | bytes) -> None:
+                if isinstance(message, str):
+                    hellos.append(json.loads(message))
+
+            page_side.on_message(keep_hello)
+
+        await page.route_web_socket("**/ws", unanswered)
+        cut_socket(server, session_id)
+        await next_event(events, "detached", RESUMED_WITHIN_S)
+        await expect(page.locator("#connection-state")).to_have_text("reconnecting")
+        await expect(page.locator("#message")).to_have_text("Reconnecting…")
+        async with asyncio.timeout(RESUMED_WITHIN_S):
+            while not hellos:
+                await asyncio.sleep(0.05)
+        assert hellos[0]["resume"]["session_id"] == session_id
+
+        await page.get_by_role("button", name="Stop").click()
+        await asyncio.wait_for(session.closed.wait(), 5)
+        assert len(sessions) == 0
+        # Longer than the pause before a second attempt (1 s).
+        await page.wait_for_timeout(NO_RETRY_WAIT_MS)
+        assert len(hellos) == 1
+        await expect(page.get_by_role("button", name="Start")).to_be_enabled()
+        assert (await snapshot(page))["connectionState"] == "idle"
