@@ -252,7 +252,9 @@ async def test_a_rolling_restart_of_every_node_refuses_nothing(
     """Each node in turn gets SIGTERM (it marks itself draining in Redis at once, finishes
     its sessions, exits) and is started again, while offers keep coming at the others, as a
     load balancer would send them: every offer is admitted, none on a draining node."""
-    with cluster_of(redis_server, [12, 12, 12], *ICE_TIMEOUT, "--drain-timeout", "3") as nodes:
+    # Each offer never connects and holds its slot for the ICE timeout (5 s): at one offer
+    # per ~0.4 s the two serving nodes hold ~13, well within their 40 slots.
+    with cluster_of(redis_server, [20, 20, 20], *ICE_TIMEOUT, "--drain-timeout", "3") as nodes:
         offers = await real_offers(60)
         replies: list[tuple[int, Any, str]] = []
         restarting: list[Node] = []
@@ -265,7 +267,7 @@ async def test_a_rolling_restart_of_every_node_refuses_nothing(
                 drained = ",".join(draining)  # as the offer leaves: it may only be placed
                 status, body = await post_offer(http, entry, offers.pop())
                 replies.append((status, body, drained))  # on a node not draining then
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.4)
 
         offering = asyncio.create_task(offer_at_the_others())
         loop = asyncio.get_running_loop()
@@ -279,7 +281,7 @@ async def test_a_rolling_restart_of_every_node_refuses_nothing(
                 await asyncio.sleep(0.3)  # offers sent before the exit have been answered
                 draining.discard(node.node_id)
                 nodes[position] = start_node(
-                    node.index, redis_server, tmp_path, "--max-sessions", "12", *ICE_TIMEOUT
+                    node.index, redis_server, tmp_path, "--max-sessions", "20", *ICE_TIMEOUT
                 )
                 await loop.run_in_executor(None, wait_until_serving, [nodes[position]])
                 restarting.clear()
