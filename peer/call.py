@@ -26,6 +26,7 @@ from media.rtc.compat import install_receive_path as install
 from media.rtc.ice import rtc_configuration
 from media.rtc.loss_feedback import LossAdaptiveFec
 from media.rtc.receive import AudioReceivePath
+from peer.events import EventLog
 from peer.filetracks import PEER_BITRATE, FrameRecorder, SamplesSourceTrack
 from signaling.client import Answer, delete_session, post_offer, post_whip
 
@@ -47,7 +48,7 @@ def declare_inband_fec(sdp: str) -> str:
     return "\r\n".join(out)
 
 
-class PeerCall:
+class PeerCall(EventLog):
     """A connected call; use as ``async with``. Raises ``SignalingError`` when refused."""
 
     def __init__(
@@ -86,8 +87,7 @@ class PeerCall:
         self.recorder = FrameRecorder()
         self.receive = AudioReceivePath(self.recorder)
         self.pc = RTCPeerConnection(rtc_configuration([]))
-        self.events: list[dict[str, Any]] = []
-        self._event_arrived = asyncio.Event()
+        super().__init__()
         self._connected = asyncio.Event()
         self._http: aiohttp.ClientSession | None = None
         self.answer: Answer | None = None
@@ -97,7 +97,7 @@ class PeerCall:
         self._fec = LossAdaptiveFec(transceiver.sender, encoder)
         self.channel = self.pc.createDataChannel("control") if data_channel else None
         if self.channel is not None:
-            self.channel.on("message", self._on_message)
+            self.channel.on("message", self._record_event)
         self.pc.on("connectionstatechange", self._on_state)
 
     @property
@@ -107,16 +107,6 @@ class PeerCall:
     def _on_state(self) -> None:
         if self.pc.connectionState == "connected":
             self._connected.set()
-
-    def _on_message(self, raw: str | bytes) -> None:
-        try:
-            event = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return
-        if isinstance(event, dict):
-            event["received_at"] = time.monotonic()
-            self.events.append(event)
-            self._event_arrived.set()
 
     async def __aenter__(self) -> PeerCall:
         try:
@@ -162,24 +152,6 @@ class PeerCall:
             raise RuntimeError("this call has no data channel")
         self.channel.send(message if isinstance(message, str) else json.dumps(message))
         return time.monotonic()
-
-    async def wait_for(
-        self, kind: str, timeout: float = 10.0, since: int = 0, **match: Any
-    ) -> dict[str, Any]:
-        """The first event of type ``kind`` matching ``match``, among events ``since`` on.
-
-        ``since`` is an index into ``events`` (e.g. ``len(call.events)`` taken before a
-        request), so earlier events of the same type are not mistaken for the answer.
-        """
-        async with asyncio.timeout(timeout):
-            while True:
-                for event in self.events[since:]:
-                    if event.get("type") == kind and all(
-                        event.get(k) == v for k, v in match.items()
-                    ):
-                        return event
-                self._event_arrived.clear()
-                await self._event_arrived.wait()
 
     async def end(self) -> int | None:
         """End the session on the server (DELETE); returns the HTTP status."""

@@ -45,26 +45,20 @@ class RealTimeClock:
         return index
 
 
-class SamplesSourceTrack(MediaStreamTrack):
-    """Sends ``samples`` (48 kHz float32 mono) as Opus, 20 ms at a time, in real time.
+class RealTimeFrames:
+    """``samples`` (48 kHz float32 mono) cut into 20 ms frames, each due 20 ms after the last.
 
-    After the samples run out it keeps sending silence, so the call stays up while the
-    tail of the reply comes back; ``finished`` is set when the last real frame has gone.
-    ``shape`` (e.g. a marker inserter) may alter each frame just before it is sent.
+    After the samples run out the frames are silence, so a call stays up while the tail of
+    the reply comes back; ``finished`` is set when the last real frame has been taken.
+    ``shape`` (e.g. a marker inserter) may alter each frame as it is taken. Every frame
+    taken is kept (``sent``) and stamped on ``timeline``.
     """
 
-    kind = "audio"
-
     def __init__(
-        self,
-        samples: np.ndarray,
-        shape: Callable[[np.ndarray], np.ndarray] | None = None,
-        encoder: OpusEncoder | None = None,
+        self, samples: np.ndarray, shape: Callable[[np.ndarray], np.ndarray] | None
     ) -> None:
-        super().__init__()
         self._samples = samples.astype(np.float32, copy=False)
         self._shape = shape
-        self._encoder = encoder or OpusEncoder(channels=1, bitrate=PEER_BITRATE)
         self._clock = RealTimeClock()
         self.timeline = Timeline()
         self.sent: list[np.ndarray] = []
@@ -74,10 +68,8 @@ class SamplesSourceTrack(MediaStreamTrack):
     def frames_sent(self) -> int:
         return self._clock.frames
 
-    async def recv(self) -> av.Packet:
-        if self.readyState != "live":
-            raise MediaStreamError
-        index = await self._clock.next_frame()
+    def _take(self, index: int) -> np.ndarray:
+        """Frame ``index``, shaped, kept and stamped now."""
         begin = index * FRAME_SAMPLES
         frame = self._samples[begin : begin + FRAME_SAMPLES]
         if len(frame) < FRAME_SAMPLES:
@@ -88,7 +80,29 @@ class SamplesSourceTrack(MediaStreamTrack):
             frame = self._shape(frame)
         self.sent.append(frame)
         self.timeline.append(FRAME_SAMPLES, time.monotonic())
-        return opus_packet(self._encoder, frame, begin)
+        return frame
+
+
+class SamplesSourceTrack(MediaStreamTrack, RealTimeFrames):
+    """Sends ``samples`` as Opus, 20 ms at a time, in real time (``RealTimeFrames``)."""
+
+    kind = "audio"
+
+    def __init__(
+        self,
+        samples: np.ndarray,
+        shape: Callable[[np.ndarray], np.ndarray] | None = None,
+        encoder: OpusEncoder | None = None,
+    ) -> None:
+        MediaStreamTrack.__init__(self)
+        RealTimeFrames.__init__(self, samples, shape)
+        self._encoder = encoder or OpusEncoder(channels=1, bitrate=PEER_BITRATE)
+
+    async def recv(self) -> av.Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        index = await self._clock.next_frame()
+        return opus_packet(self._encoder, self._take(index), index * FRAME_SAMPLES)
 
     def stop(self) -> None:
         super().stop()

@@ -25,13 +25,13 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from media.audio.frames import FRAME_MS, FRAME_SAMPLES, RTC_RATE
+from media.audio.frames import FRAME_MS, RTC_RATE
 from media.audio.opus import OpusDecoder, OpusEncoder
 from media.audio.polyphase import streaming_resampler
 from media.pipeline.base import ReceiveStats
 from media.transports.socket_frames import SEQ_MOD, pack, unpack
-from peer.filetracks import PEER_BITRATE, FrameRecorder, RealTimeClock
-from peer.probe import Timeline
+from peer.events import EventLog
+from peer.filetracks import PEER_BITRATE, FrameRecorder, RealTimeFrames
 from signaling.client import SignalingError
 
 CONNECT_TIMEOUT_S = 15.0
@@ -40,10 +40,9 @@ ACK_EVERY_FRAMES = 2  # one acknowledgement per 40 ms of audio played
 _INT16_SCALE = 32768.0
 
 
-class SocketSource:
-    """Streams samples (48 kHz float32 mono) as PCM16 (or Opus) messages, 20 ms at a time,
-    in real time; after they run out it keeps sending silence, so the call stays up for the
-    tail."""
+class SocketSource(RealTimeFrames):
+    """Streams samples as PCM16 (or Opus) messages, 20 ms at a time, in real time
+    (``RealTimeFrames``)."""
 
     def __init__(
         self,
@@ -52,37 +51,18 @@ class SocketSource:
         shape: Callable[[np.ndarray], np.ndarray] | None,
         encoder: OpusEncoder | None = None,
     ) -> None:
-        self._samples = samples.astype(np.float32, copy=False)
-        self._shape = shape
-        self._rate = rate
+        super().__init__(samples, shape)
         self._encoder = encoder
         self._resampler = streaming_resampler(RTC_RATE, rate)
-        self._clock = RealTimeClock()
         self._timestamp = 0
-        self.timeline = Timeline()
-        self.sent: list[np.ndarray] = []
-        self.finished = asyncio.Event()
         self.paused = False  # stops sending (a client that goes quiet)
-
-    @property
-    def frames_sent(self) -> int:
-        return self._clock.frames
 
     async def run(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while not ws.closed:
             index = await self._clock.next_frame()
             if self.paused:
                 continue
-            begin = index * FRAME_SAMPLES
-            frame = self._samples[begin : begin + FRAME_SAMPLES]
-            if len(frame) < FRAME_SAMPLES:
-                frame = np.pad(frame, (0, FRAME_SAMPLES - len(frame)))
-            if begin + FRAME_SAMPLES >= len(self._samples):
-                self.finished.set()
-            if self._shape is not None:
-                frame = self._shape(frame)
-            self.sent.append(frame)
-            self.timeline.append(FRAME_SAMPLES, time.monotonic())
+            frame = self._take(index)
             if self._encoder is not None:
                 payload, samples = self._encoder.encode(frame), len(frame)
             else:
@@ -96,7 +76,7 @@ class SocketSource:
             self._timestamp += samples
 
 
-class SocketCall:
+class SocketCall(EventLog):
     """A call over ``/ws``; use as ``async with``. Raises ``SignalingError`` when refused."""
 
     def __init__(
@@ -129,8 +109,7 @@ class SocketCall:
         self.recorder = FrameRecorder()
         self.receive = _Received()
         self._to_48k = streaming_resampler(rate, RTC_RATE)
-        self.events: list[dict[str, Any]] = []
-        self._event_arrived = asyncio.Event()
+        super().__init__()
         self._reading = asyncio.Event()
         self._reading.set()
         self._http: aiohttp.ClientSession | None = None
@@ -213,7 +192,7 @@ class SocketCall:
                     unacked = 0
                     await self._send_json({"type": "ack", "seq": frame.seq})
             elif message.type is aiohttp.WSMsgType.TEXT:
-                self._on_event(str(message.data))
+                self._record_event(str(message.data))
             else:
                 return
 
@@ -229,16 +208,6 @@ class SocketCall:
         if len(audio):
             self.recorder(audio)
 
-    def _on_event(self, raw: str) -> None:
-        try:
-            event = json.loads(raw)
-        except ValueError:
-            return
-        if isinstance(event, dict):
-            event["received_at"] = time.monotonic()
-            self.events.append(event)
-            self._event_arrived.set()
-
     async def _send_json(self, message: dict[str, Any]) -> None:
         if self.ws is not None and not self.ws.closed:
             try:
@@ -251,20 +220,6 @@ class SocketCall:
         assert self.ws is not None
         await self.ws.send_str(message if isinstance(message, str) else json.dumps(message))
         return time.monotonic()
-
-    async def wait_for(
-        self, kind: str, timeout: float = 10.0, since: int = 0, **match: Any
-    ) -> dict[str, Any]:
-        """The first event of type ``kind`` matching ``match``, among events ``since`` on."""
-        async with asyncio.timeout(timeout):
-            while True:
-                for event in self.events[since:]:
-                    if event.get("type") == kind and all(
-                        event.get(k) == v for k, v in match.items()
-                    ):
-                        return event
-                self._event_arrived.clear()
-                await self._event_arrived.wait()
 
     def stall(self, stalled: bool = True) -> None:
         """Stop (or resume) reading the socket: nothing is played or acknowledged."""
