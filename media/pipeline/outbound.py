@@ -108,13 +108,9 @@ class OutboundAudio:
             self.buffer.write(samples)
             self.pacer.notify()
 
-    def complete_frame(self) -> None:
-        """Pad with silence to a whole frame, so the end of a stream is sent, not held back.
-
-        The pacer only sends whole frames; a last partial frame would wait for audio that
-        never comes.
-        """
-        self.write(np.zeros((-self.buffer.available) % FRAME_SAMPLES, np.float32))
+    def end_stream(self) -> None:
+        """What is written so far ends a stream: its last partial frame is sent too."""
+        self.pacer.end_stream()
 
     @property
     def buffered_seconds(self) -> float:

@@ -148,6 +148,8 @@ class OutputCushion:
                 free = samples / RTC_RATE + CUSHION_GRACE_SECONDS  # lateness sent as it is
                 wanted = max(0.0, self._estimator.target - free)
                 change, nudge = self._control.step(self.delay, wanted, source.available - samples)
+        if source.available < samples:  # the end of a stream: no time to change
+            return self._stream_tail(source, samples), 0.0
         if change or self._splicer.expanding:
             ahead = source.peek(samples + max(change, 0) + 2 * XFADE)
             frame, used = self._splicer.play(ahead, samples, change)
@@ -157,6 +159,14 @@ class OutputCushion:
             frame = source.read(samples)
             self._splicer.played(frame)
         return frame, nudge
+
+    def _stream_tail(self, source: RingBuffer, samples: int) -> np.ndarray:
+        """The last partial frame of a stream, as it is, then silence (nothing follows
+        it to splice with). Expansion plays whatever number of samples bridges a late hop,
+        so a stream's end falls anywhere in a frame."""
+        tail = source.read(source.available)
+        self._splicer.reset()
+        return np.concatenate([tail, np.zeros(samples - len(tail), np.float32)])
 
     def _count(self) -> None:
         splicer = self._splicer
@@ -186,6 +196,7 @@ class FramePacer:
         self._source = source
         self.cushion = cushion
         self._hold: tuple[int, int] | None = None
+        self._ended_at = -1  # the written position where a stream last ended
         self._idle = False  # the last slot was silence with no audio due
         self._frame_samples = frame_samples
         self._frame_seconds = frame_seconds
@@ -238,6 +249,15 @@ class FramePacer:
             self._hold = None
             self._ready.set()
 
+    def end_stream(self) -> None:
+        """What is written so far ends a stream: send it, even the last partial frame.
+
+        Otherwise only whole frames go out, and a stream's last samples would wait for
+        audio that never comes (whoever waits for its end, e.g. ``speech_finished``, too).
+        """
+        self._ended_at = self._source.written
+        self._ready.set()
+
     @property
     def holding(self) -> bool:
         return self._hold is not None
@@ -255,7 +275,9 @@ class FramePacer:
                 self._hold = None
             else:
                 available = min(available, at - self._source.consumed)
-        return available >= self._frame_samples
+        if available >= self._frame_samples:
+            return True
+        return available > 0 and self._ended_at == self._source.written
 
     async def _wait_for_frame(self, deadline: float | None) -> bool:
         while not self._has_frame():

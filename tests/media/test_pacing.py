@@ -34,7 +34,7 @@ import pytest
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.ringbuffer import RingBuffer
 from media.pipeline import pacing
-from media.pipeline.pacing import FRAME_SECONDS, FramePacer
+from media.pipeline.pacing import FRAME_SECONDS, FramePacer, OutputCushion
 
 T = TypeVar("T")
 
@@ -584,3 +584,22 @@ async def test_slots_move_earlier_when_every_frame_had_to_wait(
     assert after < before / 2, delays_ms
     assert pacer.underruns == 0
     assert values(taken) == list(range(40))
+
+
+async def test_a_stream_that_ends_off_the_frame_grid_sends_its_last_partial_frame() -> None:
+    """Expanding a late hop plays a number of samples that is not a whole frame, so a
+    speech stream can end with a partial frame in the buffer. Until the stream is said to
+    end it waits for more (silence goes out meanwhile); then it leaves, padded with
+    silence, and nothing is left behind for the end-of-speech event to wait on."""
+    buffer, pacer = make_pacer(cushion=OutputCushion(adaptive=False, expecting=lambda: False))
+    buffer.write(np.ones(FRAME + 100, np.float32))
+    pacer.notify()
+    first, _ = await asyncio.wait_for(pacer.next_frame(), CALL_LIMIT)
+    assert np.all(first == 1.0)
+    waiting, is_silence = await asyncio.wait_for(pacer.next_frame(), CALL_LIMIT)
+    assert is_silence and not np.any(waiting) and buffer.available == 100
+    pacer.end_stream()
+    last, is_silence = await asyncio.wait_for(pacer.next_frame(), CALL_LIMIT)
+    assert not is_silence
+    assert np.all(last[:100] == 1.0) and not np.any(last[100:]) and len(last) == FRAME
+    assert buffer.available == 0 and buffer.consumed == buffer.written

@@ -199,7 +199,7 @@ class SpeakPipeline(Pipeline):
         """Drain the resampler at the end of an utterance so its last samples are played."""
         tail = self._to_output.process(np.zeros(0, np.float32), last=True)
         self.output.write(tail)
-        self.output.complete_frame()
+        self.output.end_stream()
         self.stages.padded(self.output.buffer.written, self._clock())
         self._to_output.reset()
 
