@@ -18,7 +18,7 @@ from aiortc.sdp import candidate_from_sdp
 
 from media.pipeline.base import Pipeline
 from media.rtc.candidates import reachable_candidate
-from media.rtc.compat import install_receive_path
+from media.rtc.compat import forget_sent_packets, install_receive_path
 from media.rtc.ice import IceServerConfig, NoMediaPorts, rtc_configuration
 from media.rtc.loss_feedback import LossAdaptiveFec
 from media.rtc.receive import AudioReceivePath
@@ -187,3 +187,4 @@ class RtcConnection:
         if self._fec is not None:
             await self._fec.stop()
         await self._pc.close()
+        forget_sent_packets(self._pc)
