@@ -91,7 +91,9 @@ class SpeakPipeline(Pipeline):
         self._utterances = UtteranceQueue(self._clock)
         self._current: Utterance | None = None
         self._timeline = SpeechTimeline(emit, self._clock, self.stats, self.stages)
-        self._synthesis = SynthesisBridge(engine, self._engine_calls, self.stats, self._accept)
+        self._synthesis = SynthesisBridge(
+            engine, self._engine_calls, self.stats, self._accept, self._waiting_to_play
+        )
         self._listener = (
             BargeInListener(vad.open(), executor, self.stats) if vad is not None else None
         )
@@ -194,6 +196,12 @@ class SpeakPipeline(Pipeline):
         self.stages.synthesised(self.output.buffer.written, synthesis, resample, self._clock())
         if self.output.buffered_seconds > MAX_AHEAD_SECONDS:
             self._synthesis.room.clear()
+
+    def _waiting_to_play(self, utterance: Utterance) -> bool:
+        """Nothing of ``utterance`` is made yet, or its pre-buffer holds it back: the
+        listener waits for these chunks (first audio), not for later ones."""
+        pacer = self.output.pacer
+        return utterance.start is None or (pacer.holding and pacer.held_at == utterance.start)
 
     def _output_tail(self) -> None:
         """Drain the resampler at the end of an utterance so its last samples are played."""

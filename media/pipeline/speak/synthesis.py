@@ -2,12 +2,12 @@
 
 ``engine.synthesize`` is a blocking generator. It is driven one chunk at a time: each
 ``next()`` is one call on the session's engine queue, at URGENT priority until the
-utterance has produced audio and NORMAL after that, so with many callers every caller's
-first chunk is made before anyone's later chunks, and a thread is given back between
-chunks. Chunks reach the output on the loop as they come. Synthesis pauses while ``room``
-is clear (the output holds enough speech ahead) and stops at the next chunk once
-``cancel`` is set (an interrupt): an interrupted utterance stops costing CPU within one
-chunk.
+utterance can start playing (its first chunk, and any more its pre-buffer waits for) and
+NORMAL after that, so with many callers every caller's first audio is made before anyone's
+later chunks, and a thread is given back between chunks. Chunks reach the output on the
+loop as they come. Synthesis pauses while ``room`` is clear (the output holds enough
+speech ahead) and stops at the next chunk once ``cancel`` is set (an interrupt): an
+interrupted utterance stops costing CPU within one chunk.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from media.pipeline.speak.stats import SpeakStats
 from media.pipeline.speak.utterances import Utterance
 
 ChunkSink = Callable[[Utterance, np.ndarray, float], None]  # utterance, chunk, engine seconds
+Waiting = Callable[[Utterance], bool]  # the utterance cannot start playing yet
 
 
 class SynthesisBridge:
@@ -37,11 +38,13 @@ class SynthesisBridge:
         engine_calls: SerialExecutor,
         stats: SpeakStats,
         accept: ChunkSink,
+        waiting: Waiting,
     ) -> None:
         self._engine = engine
         self._engine_calls = engine_calls
         self._stats = stats
         self._accept = accept
+        self._waiting = waiting
         self.cancel = threading.Event()  # read by the engine between its model runs
         self.room = asyncio.Event()
         self.room.set()
@@ -96,7 +99,7 @@ class SynthesisBridge:
 
         try:
             while True:
-                priority = URGENT if utterance.start is None else NORMAL
+                priority = URGENT if self._waiting(utterance) else NORMAL
                 chunk, spent = await asyncio.wrap_future(
                     self._engine_calls.submit_at(priority, step)
                 )
