@@ -30,8 +30,9 @@ SENTENCE = "The train to the city leaves at half past nine, from platform four."
 SILENCE = np.zeros(48_000 * 120, np.float32)
 
 
-async def first_audio(url: str, engine: str, callers: int) -> list[float]:
-    """Open ``callers`` sessions, send one sentence on each at once; their first audio (ms)."""
+async def first_audio(url: str, engine: str, callers: int) -> list[dict[str, float]]:
+    """Open ``callers`` sessions, send one sentence on each at once; for each, its first
+    audio (ms), and the pre-buffer it waited for and the real-time factor it measured."""
     calls = [PeerCall(url, SILENCE, engine=engine) for _ in range(callers)]
     try:
         await asyncio.gather(*(call.connect() for call in calls))
@@ -42,7 +43,14 @@ async def first_audio(url: str, engine: str, callers: int) -> list[float]:
             values = []
             for call in calls:
                 async with http.get(f"{call.url}sessions/{call.session_id}") as response:
-                    values.append((await response.json())["speak"]["first_audio_ms"][0])
+                    speak = (await response.json())["speak"]
+                values.append(
+                    {
+                        "first_audio_ms": speak["first_audio_ms"][0],
+                        "prebuffered_ms": speak["prebuffered_ms"],
+                        "real_time_factor": round(speak["real_time_factor"], 3),
+                    }
+                )
         await asyncio.gather(*(call.wait_for("speech_finished", 60) for call in calls))
         return values
     finally:
@@ -51,9 +59,11 @@ async def first_audio(url: str, engine: str, callers: int) -> list[float]:
             await call.close()
 
 
-async def run(url: str, engine: str, callers: int, repeat: int) -> dict[str, list[float]]:
-    alone: list[float] = []
-    crowd: list[float] = []
+async def run(
+    url: str, engine: str, callers: int, repeat: int
+) -> dict[str, list[dict[str, float]]]:
+    alone: list[dict[str, float]] = []
+    crowd: list[dict[str, float]] = []
     await first_audio(url, engine, 1)  # warm-up: first sessions allocate
     for _ in range(repeat):
         alone += await first_audio(url, engine, 1)
@@ -74,12 +84,11 @@ def main() -> int:
     flags = ["--workers", "1", "--engine", args.engine, *args.server_flags]
     with server_process(flags, core=0 if args.pin else None) as url:
         results = asyncio.run(run(url, args.engine, args.callers, args.repeat))
-    alone_p50 = statistics.median(results["alone"])
+    first = {k: [v["first_audio_ms"] for v in results[k]] for k in ("alone", "crowd")}
+    alone_p50 = statistics.median(first["alone"])
     rows = []
-    for name, values in (
-        ("1 caller", results["alone"]),
-        (f"{args.callers} callers", results["crowd"]),
-    ):
+    for name, key in (("1 caller", "alone"), (f"{args.callers} callers", "crowd")):
+        values = first[key]
         p50, worst = statistics.median(values), max(values)
         rows.append(
             {
@@ -89,6 +98,7 @@ def main() -> int:
                 "first_audio_ms_max": round(worst, 1),
                 "p50_vs_alone": round(p50 / alone_p50, 2),
                 "max_vs_alone": round(worst / alone_p50, 2),
+                "prebuffered_ms_p50": statistics.median(v["prebuffered_ms"] for v in results[key]),
             }
         )
     print_table(rows, list(rows[0]))

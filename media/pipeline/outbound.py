@@ -143,4 +143,4 @@ class OutboundAudio:
     def close(self) -> None:
         self._closed = True
         self.encoder.close()
-        self.buffer.clear()
+        self.buffer.release()

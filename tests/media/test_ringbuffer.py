@@ -276,3 +276,22 @@ def test_a_freed_buffer_gives_its_memory_back_to_the_system() -> None:
     del buf
     gc.collect()
     assert resident_bytes() - before < capacity * 4 // 4
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+def test_a_released_buffer_gives_its_memory_back_while_still_referenced() -> None:
+    """A closed session's buffers may wait for the cyclic collector before they are freed
+    (a closed connection is a tangle of reference cycles): ``release`` gives the memory
+    back at close, and the buffer stays usable, reading silence where it was released."""
+    capacity = 120 * 48_000
+    buf = RingBuffer(capacity)
+    before = resident_bytes()
+    frame = np.ones(960, np.float32)
+    for _ in range(capacity // len(frame)):
+        buf.write(frame)
+    assert resident_bytes() - before > capacity * 4 // 2
+    buf.release()
+    assert buf.available == 0
+    assert resident_bytes() - before < capacity * 4 // 4
+    buf.write(np.full(4, 0.5, np.float32))
+    assert buf.read(4).tolist() == [0.5] * 4
