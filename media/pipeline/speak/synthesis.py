@@ -22,6 +22,7 @@ import numpy as np
 
 from media.engines.base import SpeakEngine
 from media.pipeline.executor import NORMAL, URGENT, SerialExecutor
+from media.pipeline.speak.pace import engine_pace
 from media.pipeline.speak.stats import SpeakStats
 from media.pipeline.speak.utterances import Utterance
 
@@ -45,6 +46,7 @@ class SynthesisBridge:
         self._stats = stats
         self._accept = accept
         self._waiting = waiting
+        self._pace = engine_pace(engine)
         self.cancel = threading.Event()  # read by the engine between its model runs
         self.room = asyncio.Event()
         self.room.set()
@@ -97,6 +99,7 @@ class SynthesisBridge:
             chunk = next(chunks[0], None)
             return chunk, time.perf_counter() - began
 
+        made = 0
         try:
             while True:
                 priority = URGENT if self._waiting(utterance) else NORMAL
@@ -106,7 +109,13 @@ class SynthesisBridge:
                 self._stats.synthesis_seconds += spent
                 if chunk is None or self.cancel.is_set():
                     return
-                self._stats.synthesised_seconds += len(chunk) / self._engine.sample_rate
+                audio = len(chunk) / self._engine.sample_rate
+                self._stats.synthesised_seconds += audio
+                if made:  # past the sentence's first chunk and its fixed costs
+                    self._stats.steady_synthesis_seconds += spent
+                    self._stats.steady_synthesised_seconds += audio
+                    self._pace.observe(spent, audio)
+                made += 1
                 self._accept(utterance, chunk, spent)
                 while not self.room.is_set() and not self.cancel.is_set():
                     await self.room.wait()
