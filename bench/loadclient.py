@@ -63,14 +63,15 @@ class EncodedClip:
 
 
 class CyclingTrack(MediaStreamTrack):
-    """Sends a pre-encoded clip on repeat at real-time pace, stamping each frame's send time."""
+    """Sends a pre-encoded clip on repeat at real-time pace (or ``speed`` times it),
+    stamping each frame's send time."""
 
     kind = "audio"
 
-    def __init__(self, clip: EncodedClip) -> None:
+    def __init__(self, clip: EncodedClip, speed: float = 1.0) -> None:
         super().__init__()
         self._clip = clip
-        self._clock = RealTimeClock()
+        self._clock = RealTimeClock(speed)
         self.timeline = Timeline()
 
     async def recv(self) -> av.Packet:
@@ -105,6 +106,7 @@ class LoadCaller:
     engine: str
     clip: EncodedClip
     probe: bool
+    speed: float = 1.0  # of the audio sent, against real time
     pc: RTCPeerConnection = field(init=False)
     track: CyclingTrack = field(init=False)
     answer: Answer | None = None
@@ -114,7 +116,7 @@ class LoadCaller:
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(rtc_configuration([]))
-        self.track = CyclingTrack(self.clip)
+        self.track = CyclingTrack(self.clip, self.speed)
         receiver = self.pc.addTransceiver(self.track, direction="sendrecv").receiver
         if self.probe:
             self.recorder = FrameRecorder()
