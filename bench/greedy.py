@@ -40,8 +40,18 @@ METRIC = "cosyrtc_packets_over_real_time"
 FOLD_S = 1.5  # a closed session's counts join the metrics' totals within a second
 
 
-async def probe_rtts(probes: list[LoadCaller], since: float) -> list[float]:
-    return [1000 * r for probe in probes for r in probe.rtts_since(since)]
+def probe_rtts(probes: list[LoadCaller], start: float, end: float) -> list[float]:
+    """The probes' RTTs (ms) of markers that came back between ``start`` and ``end``.
+
+    Markers are found in the whole recording, which takes a while: done once the windows
+    are over, so the search never stalls the callers' sending (a stalled sender catches up
+    in a burst, and the server rightly drops what goes beyond real time plus 0.5 s).
+    """
+    rtts: list[float] = []
+    for probe in probes:
+        since_start, since_end = probe.rtts_since(start), probe.rtts_since(end)
+        rtts += [1000 * r for r in since_start[: len(since_start) - len(since_end)]]
+    return rtts
 
 
 async def metric_total(http: aiohttp.ClientSession, url: str) -> float:
@@ -70,8 +80,10 @@ async def greedy_window(
     caller = LoadCaller(url, args.engine, clips.load, probe=False, speed=args.speed)
     metric_before = await metric_total(http, url)
     await caller.connect(http)
+    start = time.monotonic()
     try:
         await asyncio.sleep(args.seconds)
+        end = time.monotonic()
         assert caller.answer is not None and caller.answer.session_id is not None
         async with http.get(urljoin(url, f"sessions/{caller.answer.session_id}")) as response:
             receive = (await response.json())["receive"]
@@ -80,6 +92,7 @@ async def greedy_window(
     await asyncio.sleep(FOLD_S)
     metric_after = await metric_total(http, url)
     return {
+        "window": (start, end),
         "packets_sent": caller.track.timeline.total_samples // 960,
         "packets_received": receive["packets"],
         "dropped_over_real_time": receive["over_real_time"],
@@ -101,18 +114,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ]
             for probe in probes:
                 await probe.connect(http)
+            windows: dict[str, list[tuple[float, float]]] = {"alone": [], "with greedy": []}
             try:
                 for _ in range(args.repeat):
                     start = time.monotonic()
                     await asyncio.sleep(args.seconds)
-                    rtts["alone"] += await probe_rtts(probes, start + SETTLE_S)
-                    start = time.monotonic()
+                    windows["alone"].append((start, time.monotonic()))
                     greedy.append(await greedy_window(server.url, args, clips, http))
-                    rtts["with greedy"] += await probe_rtts(probes, start + SETTLE_S)
+                    windows["with greedy"].append(greedy[-1].pop("window"))
                 probes_dropped = [await over_real_time(http, server.url, p) for p in probes]
             finally:
                 for probe in probes:
                     await probe.close(http)
+    for name, spans in windows.items():
+        for start, end in spans:
+            rtts[name] += probe_rtts(probes, start + SETTLE_S, end)
     rows = [
         {
             "window": name,
