@@ -27,6 +27,7 @@ import re
 import secrets
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,10 +60,12 @@ class Placement:
 
 
 # KEYS: none (the node set and every node's keys are named from ARGV, one Redis instance).
-# ARGV: now_ms, reservation_ttl_ms, engine, client, client_limit, reservation_id
+# ARGV: now_ms, reservation_ttl_ms, engine, client, client_limit, reservation_id, and the
+# comma-separated ids of nodes not to choose (they refused this offer already).
 RESERVE = """
 local now, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 local engine, client, limit, reservation = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local excluded = ',' .. ARGV[7] .. ','
 local prefix = 'cosyrtc:node:'
 local best, best_load, best_url = nil, nil, nil
 local client_total = 0
@@ -79,7 +82,8 @@ for _, id in ipairs(redis.call('SMEMBERS', 'cosyrtc:nodes')) do
     end
     local capacity, live = tonumber(f[1]), tonumber(f[2])
     local has_engine = string.find(',' .. f[4] .. ',', ',' .. engine .. ',', 1, true)
-    if f[3] ~= '1' and has_engine and live + reserved < capacity then
+    local refused = string.find(excluded, ',' .. id .. ',', 1, true)
+    if f[3] ~= '1' and has_engine and not refused and live + reserved < capacity then
       local load = (live + reserved) / capacity + tonumber(f[6]) / 1000
       if best == nil or load < best_load then
         best, best_load, best_url = id, load, f[5]
@@ -211,12 +215,15 @@ class Cluster:
 
     # --- placement -----------------------------------------------------------------------
 
-    async def place(self, engine: str, client: str, client_limit: int) -> Placement | None:
-        """A reservation on the least-loaded node that can take the session; None when
-        Redis cannot be asked (then the receiving node admits locally)."""
+    async def place(
+        self, engine: str, client: str, client_limit: int, excluded: Collection[str] = ()
+    ) -> Placement | None:
+        """A reservation on the least-loaded node that can take the session, other than
+        ``excluded``; None when Redis cannot be asked (then the receiving node admits locally)."""
         reservation = secrets.token_urlsafe(12)
         args: list[str | int] = [
-            _now_ms(), RESERVATION_TTL_MS, engine, client, client_limit, reservation
+            _now_ms(), RESERVATION_TTL_MS, engine, client, client_limit, reservation,
+            ",".join(excluded),
         ]  # fmt: skip
         reply = await self._call(self._reserve(args=args))
         if reply is None:

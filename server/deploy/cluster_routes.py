@@ -5,7 +5,8 @@ A middleware on the node's public app (a single server's, or the front's):
 - a new session (offer, WHIP) is placed by the cluster (``Cluster.place``): on this node it
   is handled here, on another it is relayed there with the reservation, which the chosen
   node checks in Redis before it takes the offer (a client cannot claim one); media then
-  flows between the caller and that node. A resumed session goes to the node that has it.
+  flows between the caller and that node. A node that began to drain (or vanished) after
+  Redis last heard from it refuses the offer, which is then placed on another node. A resumed session goes to the node that has it.
 - every later request for a session (WHIP ``Location``, PATCH, DELETE, speak, interrupt,
   events, a socket's resume) goes to the node its id names (ids start ``<node>.``); a node
   that has left answers for its sessions with 404 ``session_not_found`` at once.
@@ -28,7 +29,7 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CollectorRegistry, Counter
 
 from server.config import Settings
-from server.deploy.cluster import Cluster
+from server.deploy.cluster import Cluster, Placement
 from server.deploy.relay import passed_headers, relay
 from server.deploy.socket_relay import connect_upstream
 from server.deploy.socket_relay import relay as relay_socket
@@ -48,6 +49,10 @@ NODE_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=1.0)
 INTERNAL = frozenset({RESERVATION_HEADER.lower(), PLACED_CLIENT_HEADER.lower()})
 CREATED = (200, 201)
 PLACED_KEY = web.RequestKey("placed_reservation", str)
+# A placed node may start draining (or vanish) before its record says so: the offer is
+# placed again elsewhere, so a rolling restart refuses nothing.
+PLACEMENT_ATTEMPTS = 3
+DRAINING = refusals.draining().code
 
 
 class ClusterRouting:
@@ -131,27 +136,54 @@ class ClusterRouting:
             return await self._here(request, handler, reservation, client_of(request))
         client = client_of(request)
         engine = request.match_info.get("engine") or _engine(offer) or self._settings.engine
-        placement = await self._cluster.place(engine, client, self._settings.max_client_sessions)
-        if placement is None:  # Redis away: this node decides alone
-            return await handler(request)
-        if placement.outcome == "client_limit":
-            raise refusals.client_limit(self._settings.max_client_sessions)
-        if placement.outcome != "ok" or placement.node_id is None:
-            raise refusals.unavailable(
-                "at_capacity", "Every node of the cluster is at capacity; retry shortly."
-            )
-        self._placements.labels(placement.node_id).inc()
-        assert placement.reservation is not None
+        refused_by: list[str] = []
+        for _ in range(PLACEMENT_ATTEMPTS):
+            limit = self._settings.max_client_sessions
+            placement = await self._cluster.place(engine, client, limit, refused_by)
+            if placement is None:  # Redis away: this node decides alone
+                return await handler(request)
+            if placement.outcome == "client_limit":
+                raise refusals.client_limit(limit)
+            if placement.outcome != "ok" or placement.node_id is None:
+                break
+            self._placements.labels(placement.node_id).inc()
+            response = await self._open_on(placement, request, handler, body, client)
+            if response is not None:
+                return response
+            refused_by.append(placement.node_id)
+        raise refusals.unavailable(
+            "at_capacity", "Every node of the cluster is at capacity; retry shortly."
+        )
+
+    async def _open_on(
+        self,
+        placement: Placement,
+        request: web.Request,
+        handler: Handler,
+        body: bytes,
+        client: str,
+    ) -> web.StreamResponse | None:
+        """The session opened on the placed node, or None when that node began to drain
+        (or vanished) after Redis last heard from it: the offer is then placed again."""
+        assert placement.node_id is not None and placement.reservation is not None
         if placement.node_id == self._cluster.node_id:
-            return await self._here(request, handler, placement.reservation, client)
+            try:
+                response = await self._here(request, handler, placement.reservation, client)
+            except ApiError as exc:
+                if exc.code == DRAINING:
+                    return None
+                raise
+            return None if _refused_as_draining(response) else response
         headers = {RESERVATION_HEADER: placement.reservation, PLACED_CLIENT_HEADER: client}
         try:
             response = await self._relay(request, placement.url or "", body, headers)
         except ApiError:
             await self._cluster.release(placement.node_id, placement.reservation, client)
-            raise
+            return None
         if response.status not in CREATED:
             await self._cluster.release(placement.node_id, placement.reservation, client)
+            if _refused_as_draining(response):
+                return None
         return response
 
     async def placed_here(self, request: web.Request) -> bool:
@@ -226,6 +258,14 @@ def _json(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None  # the handler gives the precise error
+
+
+def _refused_as_draining(response: web.StreamResponse) -> bool:
+    """Whether ``response`` is a node's 503 ``draining`` (relayed, or from the front)."""
+    if response.status != 503 or not isinstance(response, web.Response):
+        return False
+    refusal = _json(response.body) if isinstance(response.body, bytes) else None
+    return isinstance(refusal, dict) and refusal.get("error") == DRAINING
 
 
 def _engine(offer: Any) -> str | None:

@@ -14,8 +14,10 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+import redis.asyncio as aioredis
 
 from bench.cluster import Node, RedisServer, cluster_of, start_node, wait_until_serving
+from bench.common import free_port
 from bench.overload import real_offers
 from media.rtc.compat import restrict_host_addresses
 from peer.call import PeerCall
@@ -293,6 +295,29 @@ async def test_a_rolling_restart_of_every_node_refuses_nothing(
     assert len(replies) >= 15, len(replies)
     for _, body, drained in replies:
         assert owner(body["session_id"]) not in drained.split(","), (body, drained)
+
+
+async def test_an_offer_placed_on_a_node_that_vanished_is_placed_again(
+    redis_server: RedisServer, http: aiohttp.ClientSession
+):
+    """A node gone before its record expired (here: a record that looks idle and roomy, at
+    an address nothing listens on, so placement picks it first) costs the caller nothing:
+    the offer is placed again on a live node."""
+    with cluster_of(redis_server, [6, 6, 6], *ICE_TIMEOUT) as nodes:
+        ghost_url = f"http://127.0.0.1:{free_port()}/"
+        store = aioredis.from_url(redis_server.url)
+        try:
+            await store.hset(
+                "cosyrtc:node:ghost",
+                mapping={"url": ghost_url, "capacity": 1000, "live": 0, "cpu": 0,
+                         "engines": "echo,denoise,piper", "draining": 0},
+            )  # fmt: skip
+            await store.sadd("cosyrtc:nodes", "ghost")
+            replies = [await post_offer(http, nodes[0], sdp) for sdp in await real_offers(4)]
+        finally:
+            await store.aclose()
+    assert [status for status, _ in replies] == [200] * 4, replies
+    assert {owner(body["session_id"]) for _, body in replies} <= {"n2", "n3", "n4"}
 
 
 async def test_a_socket_session_resumes_through_a_node_that_does_not_own_it(
