@@ -24,8 +24,10 @@ libwebrtc's NetEq instead:
   packet is late raises it by itself;
 - a packet later than the target allows, with a later packet already there, is lost: its
   time is skipped if an expansion already filled it, else it is concealed from the later
-  packet's in-band FEC when that has a copy, or by libopus PLC (at most
-  ``MAX_CONCEALED_FRAMES`` in a row). If it turns up after that it is dropped as late;
+  packet's in-band FEC when that has a copy, or by libopus PLC for the first of a run and
+  by expanding the audio before it for the rest (libopus fades a run of concealment, which
+  on a tone left holes 33 dB down); at most ``MAX_CONCEALED_FRAMES`` in a row. If it turns
+  up after that it is dropped as late;
 - a packet libopus cannot decode, or that decodes to a duration its stream's timestamps
   rule out (random bytes often "decode" to loud noise), is a lost packet, counted
   (``undecodable``), never an exception: aiortc calls this path from its DTLS loop, which
@@ -111,23 +113,33 @@ class _Pending:
 
 
 class _Decoded:
-    """Decoded audio waiting to be played, with each piece's RTP timestamp and arrival."""
+    """Decoded audio waiting to be played, with each piece's RTP timestamp and arrival.
+
+    A piece may be a *gap*: the time of lost packets that the playout fills by expanding
+    the audio before it (``pcm`` None). Audio is read up to the next gap, never across it.
+    """
 
     def __init__(self) -> None:
-        self._pieces: deque[tuple[np.ndarray, int, float]] = deque()
+        # (pcm or None for a gap, samples, timestamp, arrival)
+        self._pieces: deque[tuple[np.ndarray | None, int, int, float]] = deque()
         self._offset = 0  # samples of the first piece already played
         self.samples = 0
 
     def push(self, pcm: np.ndarray, timestamp: int, arrived: float) -> None:
         if len(pcm):
-            self._pieces.append((pcm, timestamp, arrived))
+            self._pieces.append((pcm, len(pcm), timestamp, arrived))
             self.samples += len(pcm)
 
+    def push_gap(self, samples: int, timestamp: int, arrived: float) -> None:
+        if samples > 0:
+            self._pieces.append((None, samples, timestamp, arrived))
+            self.samples += samples
+
     def head(self, samples: int) -> np.ndarray:
-        """A copy of the first ``samples`` (fewer if fewer are held)."""
+        """A copy of the first ``samples`` (fewer if fewer are held before a gap)."""
         parts, need, offset = [], samples, self._offset
-        for pcm, _, _ in self._pieces:
-            if need <= 0:
+        for pcm, _, _, _ in self._pieces:
+            if need <= 0 or pcm is None:
                 break
             part = pcm[offset : offset + need]
             parts.append(part)
@@ -137,11 +149,22 @@ class _Decoded:
             return np.zeros(0, np.float32)
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
+    def gap_after(self, samples: int) -> int:
+        """The samples of gap that begin right after the first ``samples`` (0 if none)."""
+        position = -self._offset
+        for pcm, length, _, _ in self._pieces:
+            if position >= samples:
+                return length if pcm is None and position == samples else 0
+            position += length
+            if pcm is None and position > samples:
+                return position - samples
+        return 0
+
     @property
     def head_timestamp(self) -> int | None:
         if not self._pieces:
             return None
-        return (self._pieces[0][1] + self._offset) % TS_MOD
+        return (self._pieces[0][2] + self._offset) % TS_MOD
 
     def drop(self, samples: int) -> float | None:
         """Remove the first ``samples``; returns when the piece holding the last one arrived."""
@@ -149,8 +172,8 @@ class _Decoded:
         samples = min(samples, self.samples)
         self.samples -= samples
         while samples > 0:
-            pcm, _, arrived = self._pieces[0]
-            left = len(pcm) - self._offset
+            _, length, _, arrived = self._pieces[0]
+            left = length - self._offset
             if samples < left:
                 self._offset += samples
                 return arrived
@@ -448,8 +471,13 @@ class AudioReceivePath:
                     self.stats.concealed += 1
                     concealed += 1
                     continue
-            rest = -(-(samples - played) // PLC_QUANTUM) * PLC_QUANTUM  # PLC for the rest
-            self._push_concealment(rest, (timestamp + played) % TS_MOD, after.arrived)
+            if self._concealed_run < PLC_IN_PLACE_FRAMES:
+                rest = -(-(samples - played) // PLC_QUANTUM) * PLC_QUANTUM  # PLC for the rest
+                self._push_concealment(rest, (timestamp + played) % TS_MOD, after.arrived)
+            else:  # libopus would fade: the playout expands the audio before instead
+                self._decoded.push_gap(samples - played, (timestamp + played) % TS_MOD, now)
+                self.stats.concealed += 1
+                self._concealed_run += 1
             concealed += 1
         self._next_seq, self._next_timestamp = following, after.timestamp
 
@@ -623,12 +651,15 @@ class AudioReceivePath:
         change = self._control(start)
         ahead = self._decoded.head(FRAME_SAMPLES + max(change, 0) + 2 * XFADE)
         frame, used = self._splicer.play(ahead, FRAME_SAMPLES, change)
-        arrived = self._decoded.drop(used) if used else None
         splicer = self._splicer
+        # An expansion at a gap plays the lost packets' time; beyond it, the awaited one's.
+        filled = min(splicer.expanded, self._decoded.gap_after(used))
+        arrived = self._decoded.drop(used + filled) if used + filled else None
+        waited = splicer.expanded - filled
         if used and not concealed:
-            self._covered = splicer.expanded
+            self._covered = waited
         else:
-            self._covered += splicer.expanded
+            self._covered += waited
         stats = self.stats
         stats.expanded_ms = round(stats.expanded_ms + 1000 * splicer.expanded / RTC_RATE, 1)
         stats.accelerated_ms = round(

@@ -6,7 +6,8 @@ A middleware on the node's public app (a single server's, or the front's):
   is handled here, on another it is relayed there with the reservation, which the chosen
   node checks in Redis before it takes the offer (a client cannot claim one); media then
   flows between the caller and that node. A node that began to drain (or vanished) after
-  Redis last heard from it refuses the offer, which is then placed on another node. A resumed session goes to the node that has it.
+  Redis last heard from it refuses the offer, which is then placed on another node. A
+  resumed session goes to the node that has it.
 - every later request for a session (WHIP ``Location``, PATCH, DELETE, speak, interrupt,
   events, a socket's resume) goes to the node its id names (ids start ``<node>.``); a node
   that has left answers for its sessions with 404 ``session_not_found`` at once.
