@@ -28,6 +28,7 @@ import pytest
 from aiortc import RTCPeerConnection, RTCRtpCodecParameters
 from aiortc.rtp import RtpPacket
 
+from media.audio.delay_control import TOLERATED_EXCESS_S
 from media.audio.opus import Application, OpusDecoder, OpusEncoder, OpusError, packet_has_fec
 from media.rtc.compat import install_receive_path as install
 from media.rtc.receive import (
@@ -401,8 +402,8 @@ class TestLatePackets:
         stats = link.path.stats
         assert max(link.delays) >= 20.0
         assert stats.target_ms == 20.0
-        # Within the smallest step acceleration takes (2.5 ms): below it only phase moves.
-        assert abs(link.delays[-1]) < 2.5, "the extra delay stayed"
+        # Down to the excess the buffer keeps (a late packet's worth of spare, no splice).
+        assert abs(link.delays[-1]) <= 1000 * TOLERATED_EXCESS_S, "the extra delay stayed"
         assert link.decoder.decoded == list(range(300))
 
     def test_a_packet_later_than_the_target_is_lost_and_dropped_when_it_comes(
