@@ -17,9 +17,8 @@ Moving the grid changes the *rate* at which frames leave for as long as it moves
 moved earlier time and again (to shed the delay that each expansion over a lost packet
 leaves) sends more than 50 frames a second, and what follows (a pacer with its own clock,
 a listener's buffer, a recording) is left holding the surplus. So the grid only sets its
-phase: its recent moves add up to at most ``MAX_SHIFT_S`` in either direction (older ones
-are forgotten at ``SHIFT_RECOVERY_S`` a slot), and delay that audio in the buffer can pay
-for is always shed by acceleration.
+phase: it strays at most ``MAX_SHIFT_S`` from where it was anchored, in either direction,
+and delay that audio in the buffer can pay for is always shed by acceleration.
 
 :class:`DelayControl` decides which, and how much, with no clock of its own.
 """
@@ -32,13 +31,7 @@ NUDGE_S = 0.005  # errors up to this move the grid...
 NUDGE_MIN_S = 0.001  # ...and below this are left alone
 NUDGE_SLOTS = 25  # the grid moves at most once in this many slots...
 MAX_NUDGE_S = 0.01  # ...and by at most this much
-MAX_SHIFT_S = 0.02  # ...and all its recent moves add up to at most this, either way:
-# moves are forgotten at this rate per slot (5 ms a second: a grid moving one way for good
-# sends 50.25 frames a second, which a listener's buffer sheds like any drift). Without
-# it, a peer whose grid had moved 20 ms to follow the server's phase over a Wi-Fi stall
-# could not follow the next one, and kept every later packet waiting ~20 ms for its slot
-# (RTT 15 -> ~40 ms for the rest of the call).
-SHIFT_RECOVERY_S = 0.0001
+MAX_SHIFT_S = 0.02  # ...and all its moves add up to at most this, either way
 # Delay up to this much above the wanted level is kept, as NetEq keeps its buffer between
 # two limits: shedding every millisecond held the buffer at the edge of lateness, so on a
 # link with 0-30 ms of jitter one packet in every few was late, expanded over, and the
@@ -73,9 +66,6 @@ class DelayControl:
         """
         error = delay - wanted
         self._since_nudge += 1
-        # The grid's moves are forgotten at a slow rate, so it can follow a sender whose
-        # own phase moved again (a sender's pacer following its own input), not only once.
-        self._shift -= max(-SHIFT_RECOVERY_S, min(self._shift, SHIFT_RECOVERY_S))
         if NUDGE_MIN_S < error <= TOLERATED_EXCESS_S:
             return 0, 0.0  # a little to spare is a late packet absorbed without a splice
         if error > NUDGE_MIN_S:
