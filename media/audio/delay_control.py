@@ -66,8 +66,11 @@ class DelayControl:
         """
         error = delay - wanted
         self._since_nudge += 1
-        if NUDGE_MIN_S < error <= TOLERATED_EXCESS_S:
-            return 0, 0.0  # a little to spare is a late packet absorbed without a splice
+        if wanted > 0 and NUDGE_MIN_S < error <= TOLERATED_EXCESS_S:
+            # On a jittery link (a target above the floor) a little to spare is a late
+            # packet absorbed without a splice; on a steady one the excess a one-off stall
+            # left is shed at once, at the cost of one splice.
+            return 0, 0.0
         if error > NUDGE_MIN_S:
             if error * RATE >= MIN_PERIOD and surplus >= MIN_PERIOD:
                 # Audio waits here: play it faster.

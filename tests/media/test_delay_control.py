@@ -5,7 +5,7 @@ from __future__ import annotations
 from media.audio.delay_control import MAX_SHED, TOLERATED_EXCESS_S, DelayControl
 from media.audio.splice import RATE
 
-WANTED = 0.03
+WANTED = 0.03  # a jittery link: the target is above the floor
 PLENTY = 4 * 960  # samples held beyond the frame to play
 
 
@@ -33,3 +33,10 @@ def test_a_shortfall_is_made_up_by_expanding_ahead_of_time():
     control = DelayControl()
     change, _ = control.step(WANTED - 0.008, WANTED, PLENTY)
     assert change == -round(0.008 * RATE)
+
+
+def test_on_a_steady_link_even_a_small_excess_is_shed():
+    """With the target at its floor (wanted 0) nothing is late, so the excess a stall left
+    goes at once; keeping it would leave the call a few ms later for good."""
+    control = DelayControl()
+    assert control.step(0.004, 0.0, PLENTY)[0] == round(0.004 * RATE)
