@@ -137,9 +137,9 @@ class ClusterRouting:
             return await self._here(request, handler, reservation, client_of(request))
         client = client_of(request)
         engine = request.match_info.get("engine") or _engine(offer) or self._settings.engine
+        limit = self._settings.max_client_sessions
         refused_by: list[str] = []
         for _ in range(PLACEMENT_ATTEMPTS):
-            limit = self._settings.max_client_sessions
             placement = await self._cluster.place(engine, client, limit, refused_by)
             if placement is None:  # Redis away: this node decides alone
                 return await handler(request)
