@@ -42,26 +42,56 @@ def best_alignment(sent: np.ndarray, segment: np.ndarray) -> tuple[float, float]
     size = len(sent) + len(segment)
     spectrum = np.fft.rfft(sent, size) * np.conj(np.fft.rfft(segment, size))
     raw = np.fft.irfft(spectrum, size)[: len(sent) - len(segment) + 1]
-    window = np.convolve(sent.astype(np.float64) ** 2, np.ones(len(segment)), "valid")
+    window = _running_energy(sent, len(segment))
     norm = raw / (np.sqrt(np.maximum(window, 1e-12)) * np.linalg.norm(segment) + 1e-12)
     best = int(np.argmax(norm))
     return float(norm[best]), best / RATE
 
 
-def tone_match(sent: np.ndarray, received: np.ndarray, window_s: float = 1.0) -> float:
+def _running_energy(signal: np.ndarray, size: int) -> np.ndarray:
+    """The energy of every ``size``-sample stretch of ``signal`` (one per start)."""
+    cumulative = np.concatenate([[0.0], np.cumsum(signal.astype(np.float64) ** 2)])
+    return cumulative[size:] - cumulative[:-size]
+
+
+def tone_match(
+    sent: np.ndarray, received: np.ndarray, window_s: float = 1.0, slack_s: float = 0.025
+) -> float:
     """Median correlation of each window of ``received`` at its best place in ``sent``.
 
     What was received is cut into windows (its first and last half second dropped:
-    connection set-up and hang-up), and each is found in what was sent on its own, so a
-    receiver whose clock drifts or that stretches time (Chromium moves ~5 ms within a few
-    seconds) still lines up window by window. One second holds ten notes: long enough that
-    no other order of the same notes scores above ~0.6, short enough for drift not to matter.
-    Silent windows (nothing came back) score nothing.
+    connection set-up and hang-up), and each is found in what was sent on its own. One
+    second holds ten notes: long enough that no other order of the same notes scores above
+    ~0.6. A receiver stretches time, though: Chromium's playout moves its delay by tens of
+    milliseconds in its first seconds, and on a loaded machine it was seen drifting 60 ms
+    over six seconds (1 %), which smears a whole second's correlation down to ~0.8 although
+    every note came back. So each window, once placed, is scored by its quarters, each at
+    its best lag within ``slack_s`` of that place: the window's placement says it is the very
+    signal, the quarters say it came back whole. Silent windows score nothing.
     """
     middle = received[RATE // 2 : len(received) - RATE // 2]
     size = int(window_s * RATE)
     scores = []
     for start in range(0, len(middle) - size + 1, size):
         segment = middle[start : start + size]
-        scores.append(best_alignment(sent, segment)[0])
+        placed_at = round(best_alignment(sent, segment)[1] * RATE)
+        scores.append(_score_by_quarters(sent, segment, placed_at, round(slack_s * RATE)))
     return float(np.median(scores)) if scores else 0.0
+
+
+def _score_by_quarters(sent: np.ndarray, segment: np.ndarray, placed_at: int, slack: int) -> float:
+    """Mean of each quarter's best normalised correlation within ``slack`` of its place."""
+    quarter = len(segment) // 4
+    scores = []
+    for index in range(4):
+        part = segment[index * quarter : (index + 1) * quarter].astype(np.float64)
+        low = max(0, placed_at + index * quarter - slack)
+        around = sent[low : placed_at + (index + 1) * quarter + slack].astype(np.float64)
+        if len(around) < quarter or not np.any(part):
+            scores.append(0.0)
+            continue
+        raw = np.correlate(around, part, "valid")
+        energy = _running_energy(around, quarter)
+        norm = raw / (np.sqrt(np.maximum(energy, 1e-12)) * np.linalg.norm(part) + 1e-12)
+        scores.append(float(norm.max()))
+    return float(np.mean(scores))

@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tests.interop.conftest import TONE_SECONDS
 from tests.interop.netns import NamespacedServer
-from tests.interop.signals import best_alignment, read_raw, stepped_tone, tone_match
+from tests.interop.signals import read_raw, stepped_tone, tone_match
 
 HERE = Path(__file__).resolve().parent
 # Five one-second windows of the echoed tone are judged (the median): a window in which the
@@ -142,16 +141,3 @@ def _await_connected(process: subprocess.Popen[bytes], output: list[str]) -> str
         if "failed" in line.lower():
             break
     raise AssertionError("simple-whip-client did not connect:\n" + "".join(output)[-3000:])
-
-
-def test_stepped_tone_is_found_only_where_it_was_sent() -> None:
-    """The check above cannot pass on energy or notes alone: a steady tone, or the same notes
-    in another order, score far below the bar."""
-    sent = stepped_tone(TONE_SECONDS)
-    correlation, offset = best_alignment(sent, sent[48_000 * 3 : 48_000 * 4])
-    assert correlation > 0.99 and abs(offset - 3.0) < 0.001
-    assert tone_match(sent, sent[48_000 * 3 : 48_000 * 9]) > 0.99
-    steady = (0.3 * np.sin(2 * np.pi * 440 * np.arange(6 * 48_000) / 48_000)).astype(np.float32)
-    assert tone_match(sent, steady) < 0.6
-    other = stepped_tone(TONE_SECONDS, seed=8)[48_000 * 3 : 48_000 * 9]
-    assert tone_match(sent, other) < 0.7
