@@ -84,14 +84,7 @@ def _score_by_quarters(sent: np.ndarray, segment: np.ndarray, placed_at: int, sl
     quarter = len(segment) // 4
     scores = []
     for index in range(4):
-        part = segment[index * quarter : (index + 1) * quarter].astype(np.float64)
-        low = max(0, placed_at + index * quarter - slack)
-        around = sent[low : placed_at + (index + 1) * quarter + slack].astype(np.float64)
-        if len(around) < quarter or not np.any(part):
-            scores.append(0.0)
-            continue
-        raw = np.correlate(around, part, "valid")
-        energy = _running_energy(around, quarter)
-        norm = raw / (np.sqrt(np.maximum(energy, 1e-12)) * np.linalg.norm(part) + 1e-12)
-        scores.append(float(norm.max()))
+        start, end = index * quarter, (index + 1) * quarter
+        around = sent[max(0, placed_at + start - slack) : placed_at + end + slack]
+        scores.append(best_alignment(around, segment[start:end])[0])
     return float(np.mean(scores))
