@@ -1,9 +1,11 @@
-"""CosyVoice2 speak engine: first-chunk latency and real-time factor at 1, 2, 4 and 8 streams.
+"""CosyVoice2 speak engine: first-chunk latency and real-time factor at 1 to 16 streams.
 
     .venv/bin/python -m bench.cosyvoice MODEL_DIR [--device cpu|cuda] [--repeat 2]
 
-Runs the engine in-process (no WebRTC): each stream is one thread calling ``synthesize`` on
-its own session, all started together. First chunk: from the call to the first audio chunk.
+Runs the engine in-process (no WebRTC), sequential (each utterance alone in its own threads)
+and batched (one worker running every utterance's LLM steps and hops together), on the same
+loaded model, in one run: each stream is one thread calling ``synthesize`` on its own session,
+all started together. First chunk: from the call to the first audio chunk.
 Real-time factor: the stream's synthesis time over the audio it produced; CPU seconds per
 audio second counts the whole process, all streams, and does not grow with other load on the
 machine the way wall-clock times do. A second table
@@ -27,12 +29,13 @@ from bench.common import ROOT, percentile, print_table, write_results
 from media.engines.cosyvoice import loader
 from media.engines.cosyvoice.flow_window import flow_mel
 from media.engines.cosyvoice.schedule import HopSchedule
+from media.engines.cosyvoice.speak import CosyVoiceEngine
 
 SENTENCE = (
     "The train to the city leaves at half past nine, so please remember to bring your "
     "ticket and an umbrella, because it looks like rain this afternoon."
 )
-CONCURRENCY = (1, 2, 4, 8)
+CONCURRENCY = (1, 2, 4, 8, 16)
 FLOW_TOKENS = 300  # 12 s of speech
 FLOW_REPEATS = 2
 SPEECH_TOKENS = 6561
@@ -54,37 +57,42 @@ def one_stream(engine: Any, seed: int, out: list[dict[str, float]]) -> None:
     engine.close_state(state)
 
 
-def concurrency_rows(engine: Any, repeat: int) -> list[dict[str, Any]]:
+def concurrency_rows(engines: dict[str, Any], repeat: int) -> list[dict[str, Any]]:
+    """Both modes at each concurrency, next to each other, so drift hits them alike."""
     rows = []
     for streams in CONCURRENCY:
-        results: list[dict[str, float]] = []
-        cpu_began = time.process_time()
-        for run in range(repeat):
-            threads = [
-                threading.Thread(target=one_stream, args=(engine, run * 100 + i, results))
-                for i in range(streams)
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        cpu = time.process_time() - cpu_began
-        first = [r["first_ms"] for r in results]
-        rtf = [r["rtf"] for r in results]
-        audio = sum(r["audio_s"] for r in results)
-        rows.append(
-            {
-                "streams": streams,
-                "n": len(results),
-                "first_chunk_ms_p50": percentile(first, 50),
-                "first_chunk_ms_max": round(max(first), 1),
-                "rtf_p50": round(float(np.median(rtf)), 3),
-                "rtf_max": round(max(rtf), 3),
-                "audio_s": round(float(np.mean([r["audio_s"] for r in results])), 2),
-                "cpu_s_per_audio_s": round(cpu / audio, 3),
-            }
-        )
+        for mode, engine in engines.items():
+            rows.append({"mode": mode, **streams_row(engine, streams, repeat)})
     return rows
+
+
+def streams_row(engine: Any, streams: int, repeat: int) -> dict[str, Any]:
+    """``streams`` utterances started together, ``repeat`` times: latency, RTF, CPU."""
+    results: list[dict[str, float]] = []
+    cpu_began = time.process_time()
+    for run in range(repeat):
+        threads = [
+            threading.Thread(target=one_stream, args=(engine, run * 100 + i, results))
+            for i in range(streams)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    cpu = time.process_time() - cpu_began
+    first = [r["first_ms"] for r in results]
+    rtf = [r["rtf"] for r in results]
+    audio = sum(r["audio_s"] for r in results)
+    return {
+        "streams": streams,
+        "n": len(results),
+        "first_chunk_ms_p50": percentile(first, 50),
+        "first_chunk_ms_p95": percentile(first, 95),
+        "rtf_p50": round(float(np.median(rtf)), 3),
+        "rtf_max": round(max(rtf), 3),
+        "audio_s": round(float(np.mean([r["audio_s"] for r in results])), 2),
+        "cpu_s_per_audio_s": round(cpu / audio, 3),
+    }
 
 
 def flow_rows(engine: Any) -> list[dict[str, Any]]:
@@ -133,12 +141,14 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     engine = loader.load_speak({"model": args.model_dir, "device": args.device})
-    rows = concurrency_rows(engine, args.repeat)
+    sequential = CosyVoiceEngine(engine.model, engine.context_tokens, engine.chunk)
+    rows = concurrency_rows({"sequential": sequential, "batched": engine}, args.repeat)
     columns = [
+        "mode",
         "streams",
         "n",
         "first_chunk_ms_p50",
-        "first_chunk_ms_max",
+        "first_chunk_ms_p95",
         "rtf_p50",
         "rtf_max",
         "audio_s",

@@ -27,6 +27,16 @@ class EngineSettingsError(EngineError):
     """A setting for an engine that it does not have, or whose value it refuses."""
 
 
+def parse_switch(raw: str) -> bool:
+    """An on/off setting as operators write it (true/false, on/off, yes/no, 1/0)."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("true or false")
+
+
 @dataclass(frozen=True)
 class EngineSetting:
     """One setting an engine takes at load time, as the operator writes it (a string)."""

@@ -42,6 +42,23 @@ def speak_engine(cosyvoice_registry: EngineRegistry) -> CosyVoiceEngine:
 
 
 @pytest.fixture(scope="session")
+def sequential_engine(speak_engine: CosyVoiceEngine) -> CosyVoiceEngine:
+    """The same model with each utterance alone in its own threads (batching off)."""
+    return CosyVoiceEngine(speak_engine.model, speak_engine.context_tokens, speak_engine.chunk)
+
+
+@pytest.fixture(params=["batched", "sequential"])
+def either_engine(
+    request: pytest.FixtureRequest,
+    speak_engine: CosyVoiceEngine,
+    sequential_engine: CosyVoiceEngine,
+) -> CosyVoiceEngine:
+    """The registry's engine (batched, the default) and the sequential one, in turn."""
+    assert speak_engine.batcher is not None
+    return speak_engine if request.param == "batched" else sequential_engine
+
+
+@pytest.fixture(scope="session")
 def vc_engine(cosyvoice_registry: EngineRegistry) -> CosyVoiceVcEngine:
     engine = cosyvoice_registry.get("cosyvoice-vc")
     assert isinstance(engine, CosyVoiceVcEngine)

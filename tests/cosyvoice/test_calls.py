@@ -71,7 +71,7 @@ async def test_a_failing_flow_gives_an_error_event_within_a_second(
         running_server(cosyvoice_registry) as server,
         PeerCall(server.url, silence(10), engine="cosyvoice") as call,
     ):
-        monkeypatch.setattr(engine.model.flow, "inference", broken)
+        monkeypatch.setattr(engine.model.flow.decoder.estimator, "forward", broken)
         sent_at = await call.send({"type": "speak", "text": SENTENCE, "id": "bad"})
         error = await call.wait_for("error", 5, id="bad")
         assert error["error"] == "synthesis_failed"

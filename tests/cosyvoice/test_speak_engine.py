@@ -31,18 +31,19 @@ def expected_samples(engine: CosyVoiceEngine, text: str) -> int:
     return 2 * len(text_ids(engine.model, text)) * SAMPLES_PER_TOKEN
 
 
-def test_chunks_stream_before_the_utterance_is_done(speak_engine: CosyVoiceEngine):
-    state = state_for(speak_engine, speaker="tiny-a")
+def test_chunks_stream_before_the_utterance_is_done(either_engine: CosyVoiceEngine):
+    state = state_for(either_engine, speaker="tiny-a")
     chunks, times = [], []
-    for chunk in speak_engine.synthesize(state, SENTENCE, threading.Event()):
+    for chunk in either_engine.synthesize(state, SENTENCE, threading.Event()):
         chunks.append(chunk)
         times.append(time.monotonic())
     assert len(chunks) >= 3
     assert state.first_chunk_at is not None and state.finished_at is not None
     assert state.first_chunk_at < state.finished_at - 0.05
-    assert sum(len(c) for c in chunks) == expected_samples(speak_engine, SENTENCE)
+    assert sum(len(c) for c in chunks) == expected_samples(either_engine, SENTENCE)
     assert all(np.isfinite(c).all() and np.abs(c).max() > 0 for c in chunks)
-    assert state.stream is None and speak_engine.active_streams == 0
+    assert state.stream is None and state.batched is None
+    assert either_engine.active_streams == 0
 
 
 def test_chunked_flow_with_unbounded_context_equals_one_pass(speak_engine: CosyVoiceEngine):
@@ -71,7 +72,7 @@ def test_chunked_flow_with_unbounded_context_equals_one_pass(speak_engine: CosyV
 
 
 def test_concurrent_sessions_keep_their_own_hop_schedules_and_caches(
-    speak_engine: CosyVoiceEngine,
+    either_engine: CosyVoiceEngine,
 ):
     """Two sessions with different prompts synthesise at once, each on its own schedule.
 
@@ -80,16 +81,17 @@ def test_concurrent_sessions_keep_their_own_hop_schedules_and_caches(
     first and session A (no prompt) 25, with first_hop_tokens of 10 and 4, whatever runs
     when; and each produces exactly the audio its own tokens call for.
     """
-    a = state_for(speak_engine, speaker="tiny-a", first_hop_tokens=10)
-    b = state_for(speak_engine, speaker="tiny-b", first_hop_tokens=4)
+    a = state_for(either_engine, speaker="tiny-a", first_hop_tokens=10)
+    b = state_for(either_engine, speaker="tiny-b", first_hop_tokens=4)
     texts = {id(a): SENTENCE, id(b): SENTENCE + " And a little more."}
     results: dict[int, list[np.ndarray]] = {}
     seen_streams: dict[int, set[int]] = {id(a): set(), id(b): set()}
 
     def run(state) -> None:
         chunks = []
-        for chunk in speak_engine.synthesize(state, texts[id(state)], threading.Event()):
-            seen_streams[id(state)].add(id(state.stream.vocoder))
+        for chunk in either_engine.synthesize(state, texts[id(state)], threading.Event()):
+            utterance = state.stream or state.batched
+            seen_streams[id(state)].add(id(utterance.vocoder))
             chunks.append(chunk)
         results[id(state)] = chunks
 
@@ -98,24 +100,24 @@ def test_concurrent_sessions_keep_their_own_hop_schedules_and_caches(
         thread.start()
     for thread in threads:
         thread.join(60)
-    expected_a = HopSchedule(speak_engine.chunk, 0, 10)
-    expected_b = HopSchedule(speak_engine.chunk, 30, 4)
+    expected_a = HopSchedule(either_engine.chunk, 0, 10)
+    expected_b = HopSchedule(either_engine.chunk, 30, 4)
     assert a.last_hops == tuple(expected_a.next_hop() for _ in a.last_hops)
     assert b.last_hops == tuple(expected_b.next_hop() for _ in b.last_hops)
     assert a.last_hops[0] == 25 and b.last_hops[0] == 20
     assert seen_streams[id(a)].isdisjoint(seen_streams[id(b)])
     for state in (a, b):
         produced = sum(len(c) for c in results[id(state)])
-        assert produced == expected_samples(speak_engine, texts[id(state)])
-    assert not hasattr(speak_engine.model.flow, "token_hop_len")
+        assert produced == expected_samples(either_engine, texts[id(state)])
+    assert not hasattr(either_engine.model.flow, "token_hop_len")
 
 
 def test_cancel_stops_the_llm_within_one_token_and_frees_the_caches(
-    speak_engine: CosyVoiceEngine,
+    sequential_engine: CosyVoiceEngine,
 ):
-    state = state_for(speak_engine, speaker="tiny-a")
+    state = state_for(sequential_engine, speaker="tiny-a")
     cancel = threading.Event()
-    chunks = speak_engine.synthesize(state, SENTENCE * 3, cancel)
+    chunks = sequential_engine.synthesize(state, SENTENCE * 3, cancel)
     next(chunks)
     stream = state.stream
     assert stream is not None and stream.tokens.alive
@@ -127,8 +129,8 @@ def test_cancel_stops_the_llm_within_one_token_and_frees_the_caches(
     assert not stream.tokens.alive
     assert time.monotonic() - began < 1.0
     assert stream.tokens.steps_after_stop <= 1
-    assert produced <= len(stream.tokens) < 2 * len(text_ids(speak_engine.model, SENTENCE * 3))
-    assert state.stream is None and speak_engine.active_streams == 0
+    assert produced <= len(stream.tokens) < 2 * len(text_ids(sequential_engine.model, SENTENCE * 3))
+    assert state.stream is None and sequential_engine.active_streams == 0
     ref = weakref.ref(stream)
     del stream
     gc.collect()
@@ -136,33 +138,33 @@ def test_cancel_stops_the_llm_within_one_token_and_frees_the_caches(
 
 
 def test_an_error_in_the_flow_ends_the_utterance_within_a_second(
-    speak_engine: CosyVoiceEngine, monkeypatch: pytest.MonkeyPatch
+    either_engine: CosyVoiceEngine, monkeypatch: pytest.MonkeyPatch
 ):
     def broken(*args, **kwargs):
         raise RuntimeError("injected flow failure")
 
-    monkeypatch.setattr(speak_engine.model.flow, "inference", broken)
-    state = state_for(speak_engine)
+    monkeypatch.setattr(either_engine.model.flow.decoder.estimator, "forward", broken)
+    state = state_for(either_engine)
     began = time.monotonic()
     with pytest.raises(RuntimeError, match="injected flow failure"):
-        list(speak_engine.synthesize(state, SENTENCE, threading.Event()))
+        list(either_engine.synthesize(state, SENTENCE, threading.Event()))
     assert time.monotonic() - began < ERROR_DEADLINE_S
-    assert speak_engine.active_streams == 0
+    assert either_engine.active_streams == 0
 
 
 def test_an_error_in_the_llm_reaches_the_consumer_instead_of_hanging_it(
-    speak_engine: CosyVoiceEngine, monkeypatch: pytest.MonkeyPatch
+    either_engine: CosyVoiceEngine, monkeypatch: pytest.MonkeyPatch
 ):
     """Upstream's consumer polls for tokens forever when its LLM thread dies."""
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected LLM failure")
 
-    monkeypatch.setattr(speak_engine.model.llm.llm_decoder, "forward", broken)
-    state = state_for(speak_engine)
+    monkeypatch.setattr(either_engine.model.llm.llm_decoder, "forward", broken)
+    state = state_for(either_engine)
     began = time.monotonic()
     with pytest.raises(LlmFailed, match="injected LLM failure"):
-        list(speak_engine.synthesize(state, SENTENCE, threading.Event()))
+        list(either_engine.synthesize(state, SENTENCE, threading.Event()))
     assert time.monotonic() - began < ERROR_DEADLINE_S
 
 
@@ -180,44 +182,44 @@ class CancelAfter(threading.Event):
         return super().is_set()
 
 
-def test_fifty_sessions_leave_nothing_behind(speak_engine: CosyVoiceEngine):
+def test_fifty_sessions_leave_nothing_behind(either_engine: CosyVoiceEngine):
     """Open, speak and close 50 sessions; 45 are interrupted while their LLM runs.
 
     Upstream keeps per-utterance entries in dicts on the shared model, keyed by a uuid, and
     removes them only when an utterance runs to its end.
     """
-    before = set(vars(speak_engine))
+    before = set(vars(either_engine))
     refs = []
     for index in range(50):
-        state = state_for(speak_engine, speaker=("tiny-a", "tiny-b")[index % 2])
+        state = state_for(either_engine, speaker=("tiny-a", "tiny-b")[index % 2])
         cancel = CancelAfter(3) if index % 10 else threading.Event()
-        list(speak_engine.synthesize(state, "Hi there.", cancel))
-        speak_engine.close_state(state)
+        list(either_engine.synthesize(state, "Hi there.", cancel))
+        either_engine.close_state(state)
         refs.append(weakref.ref(state))
         del state
     gc.collect()
-    assert speak_engine.active_streams == 0
-    assert set(vars(speak_engine)) == before
+    assert either_engine.active_streams == 0
+    assert set(vars(either_engine)) == before
     assert not [t for t in threading.enumerate() if t.name == "cosyvoice-llm"]
     assert all(ref() is None for ref in refs)
 
 
-def test_a_prompt_clip_is_analysed_once_and_clones_the_voice(speak_engine: CosyVoiceEngine):
-    state = state_for(speak_engine, speaker="tiny-a")
+def test_a_prompt_clip_is_analysed_once_and_clones_the_voice(either_engine: CosyVoiceEngine):
+    state = state_for(either_engine, speaker="tiny-a")
     clip = espeak("This is my voice, please copy it.", rate=16_000)
-    speak_engine.set_prompt(state, clip, 16_000, "This is my voice, please copy it.")
+    either_engine.set_prompt(state, clip, 16_000, "This is my voice, please copy it.")
     prompt = state.prompt
     seconds = len(clip) / 16_000
     assert state.speaker == "prompt"
     assert abs(prompt.flow.length - 25 * seconds) <= 2
     assert prompt.flow.feat.shape == (1, 2 * prompt.flow.length, 80)
     assert prompt.flow.embedding.shape == (1, 192) and prompt.text.size > 0
-    produced = sum(len(c) for c in speak_engine.synthesize(state, SENTENCE, threading.Event()))
-    assert produced == expected_samples(speak_engine, SENTENCE)
+    produced = sum(len(c) for c in either_engine.synthesize(state, SENTENCE, threading.Event()))
+    assert produced == expected_samples(either_engine, SENTENCE)
     first_end = prompt.flow.length + state.last_hops[0]
-    assert first_end % speak_engine.chunk == 0
+    assert first_end % either_engine.chunk == 0
     with pytest.raises(PromptError):
-        speak_engine.set_prompt(state, clip[:1000], 16_000, "too short")
+        either_engine.set_prompt(state, clip[:1000], 16_000, "too short")
 
 
 def test_bistream_speech_starts_before_the_text_is_complete(speak_engine: CosyVoiceEngine):
@@ -252,31 +254,31 @@ def test_bistream_speech_starts_before_the_text_is_complete(speak_engine: CosyVo
     assert speak_engine.active_streams == 0
 
 
-def test_a_listener_that_leaves_stops_the_llm_without_a_cancel(speak_engine: CosyVoiceEngine):
+def test_a_listener_that_leaves_stops_the_llm_without_a_cancel(sequential_engine: CosyVoiceEngine):
     """Closing the chunk iterator (the caller went away) stops the worker too.
 
     Upstream's LLM thread runs to the end of the text whoever is still listening.
     """
-    state = state_for(speak_engine, speaker="tiny-b")
-    chunks = speak_engine.synthesize(state, SENTENCE * 3, threading.Event())
+    state = state_for(sequential_engine, speaker="tiny-b")
+    chunks = sequential_engine.synthesize(state, SENTENCE * 3, threading.Event())
     next(chunks)
     stream = state.stream
     assert stream is not None
     chunks.close()
     assert not stream.tokens.alive
-    assert len(stream.tokens) < 2 * len(text_ids(speak_engine.model, SENTENCE * 3))
-    assert state.stream is None and speak_engine.active_streams == 0
+    assert len(stream.tokens) < 2 * len(text_ids(sequential_engine.model, SENTENCE * 3))
+    assert state.stream is None and sequential_engine.active_streams == 0
 
 
-def test_closing_the_session_mid_utterance_ends_synthesis(speak_engine: CosyVoiceEngine):
+def test_closing_the_session_mid_utterance_ends_synthesis(sequential_engine: CosyVoiceEngine):
     """``close_state`` from another thread (the session ended) while a chunk is awaited."""
-    state = state_for(speak_engine, speaker="tiny-a")
-    chunks = speak_engine.synthesize(state, SENTENCE * 3, threading.Event())
+    state = state_for(sequential_engine, speaker="tiny-a")
+    chunks = sequential_engine.synthesize(state, SENTENCE * 3, threading.Event())
     next(chunks)
     stream = state.stream
     assert stream is not None
     calls_before = len(stream.schedule.taken)
-    speak_engine.close_state(state)
+    sequential_engine.close_state(state)
     assert list(chunks) == []
     assert not stream.tokens.alive and len(stream.schedule.taken) <= calls_before + 1
-    assert speak_engine.active_streams == 0
+    assert sequential_engine.active_streams == 0

@@ -28,25 +28,38 @@ def sample_token(
     banned: tuple[int, ...] = (),
 ) -> int:
     """One token id from ``log_probs`` (1-D), never one of ``banned``."""
-    scores = log_probs.float().cpu()  # the generator, and so the draw, is on the CPU
-    if banned:
+    return sample_tokens(log_probs[None], [recent], [generator], [banned])[0]
+
+
+def sample_tokens(
+    log_probs: torch.Tensor,
+    recent: list[list[int]],
+    generators: list[torch.Generator],
+    banned: list[tuple[int, ...]],
+) -> list[int]:
+    """One token per row of ``log_probs`` (rows, vocabulary), each drawn with its own generator.
+
+    The softmax and the nucleus are computed for all rows at once; only the draws, which must
+    come from each session's generator in its own order, are made row by row.
+    """
+    scores = log_probs.float().cpu()  # the generators, and so the draws, are on the CPU
+    if any(banned):
         scores = scores.clone()
-        scores[list(banned)] = -float("inf")
-    probs = scores.softmax(dim=0)
-    choice = _nucleus(probs, generator)
-    window = recent[-REPEAT_WINDOW:]
-    if window.count(choice) >= REPEAT_WINDOW * REPEAT_RATIO:
-        choice = int(torch.multinomial(probs, 1, generator=generator).item())
-    return choice
-
-
-def _nucleus(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Top-p within top-k: candidates whose preceding mass is still below ``TOP_P``."""
-    top, ids = probs.topk(min(TOP_K, probs.numel()))
-    before = top.cumsum(0) - top
-    keep = top[before < TOP_P]
-    pick = torch.multinomial(keep / keep.sum(), 1, generator=generator)
-    return int(ids[pick].item())
+        for row, forbidden in enumerate(banned):
+            scores[row, list(forbidden)] = -float("inf")
+    probs = scores.softmax(dim=1)
+    top, candidates = probs.topk(min(TOP_K, probs.shape[1]), dim=1)
+    before = top.cumsum(1) - top
+    choices = []
+    for row, generator in enumerate(generators):
+        keep = top[row][before[row] < TOP_P]
+        pick = torch.multinomial(keep / keep.sum(), 1, generator=generator)
+        choice = int(candidates[row, pick].item())
+        window = recent[row][-REPEAT_WINDOW:]
+        if window.count(choice) >= REPEAT_WINDOW * REPEAT_RATIO:
+            choice = int(torch.multinomial(probs[row], 1, generator=generator).item())
+        choices.append(choice)
+    return choices
 
 
 def new_generator(seed: int | None) -> Any:

@@ -34,6 +34,7 @@ from media.engines.base import (
     OptionSpec,
     SpeakEngine,
 )
+from media.engines.cosyvoice.batcher import CosyVoiceBatcher, Utterance
 from media.engines.cosyvoice.bistream import generate_bistream
 from media.engines.cosyvoice.modeldir import LoadedModel
 from media.engines.cosyvoice.prompts import (
@@ -67,7 +68,8 @@ class CosyVoiceState:
     prompt: SpeakerPrompt
     generator: torch.Generator
     first_hop_tokens: int
-    stream: UtteranceStream | None = None
+    stream: UtteranceStream | None = None  # the utterance in progress, sequential path
+    batched: Utterance | None = None  # the utterance in progress, batched path
     # The last utterance, for stats and tests: hops taken, when its first chunk was ready
     # and when synthesis ended (time.monotonic()).
     last_hops: tuple[int, ...] = ()
@@ -82,10 +84,17 @@ COSYVOICE_LANGUAGES = ("zh", "en", "ja", "ko", "yue")
 class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
     """Streaming CosyVoice2 synthesis over a shared, read-only model."""
 
-    def __init__(self, model: LoadedModel, context_tokens: int | None, chunk: int) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        context_tokens: int | None,
+        chunk: int,
+        batcher: CosyVoiceBatcher | None = None,
+    ) -> None:
         self.model = model
         self.context_tokens = context_tokens
         self.chunk = chunk
+        self.batcher = batcher
         self._speakers = {
             name: prompt_from_speaker(speaker) for name, speaker in model.speakers.items()
         } or {NEUTRAL_SPEAKER: neutral_prompt()}
@@ -164,6 +173,9 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
             return
         prompt = state.prompt
         request = LlmRequest(text=ids, prompt_text=prompt.text, prompt_tokens=prompt.tokens)
+        if self.batcher is not None:
+            yield from self._batched(state, request, cancel)
+            return
         produce = partial(generate_tokens, self.model.llm, request, state.generator)
         yield from self._stream(state, prompt, produce, cancel)
 
@@ -214,7 +226,38 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
             with self._lock:
                 self._streams -= 1
 
+    def _batched(
+        self, state: CosyVoiceState, request: LlmRequest, cancel: threading.Event
+    ) -> Iterator[np.ndarray]:
+        """Run one utterance in the shared batch worker (``batcher.py``)."""
+        assert self.batcher is not None
+        schedule = HopSchedule(self.chunk, state.prompt.flow.length, state.first_hop_tokens)
+        utterance = self.batcher.speak(request, state.prompt, state.generator, schedule, cancel)
+        state.batched, state.first_chunk_at, state.finished_at = utterance, None, None
+        with self._lock:
+            self._streams += 1
+        try:
+            for audio in utterance.audio():
+                if state.first_chunk_at is None:
+                    state.first_chunk_at = time.monotonic()
+                yield audio
+        finally:
+            utterance.left.set()
+            state.last_hops = tuple(schedule.taken)
+            state.finished_at = time.monotonic()
+            state.batched = None
+            with self._lock:
+                self._streams -= 1
+
     def close_state(self, state: CosyVoiceState) -> None:
         stream = state.stream
         if stream is not None:
             stream.tokens.close()
+        batched = state.batched
+        if batched is not None:
+            batched.left.set()
+
+    def shutdown(self) -> None:
+        """Stop the batch worker, if any (the model itself is released by the loader)."""
+        if self.batcher is not None:
+            self.batcher.close()

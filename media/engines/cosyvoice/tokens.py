@@ -54,23 +54,11 @@ def generate_tokens(
     head that upstream computes and drops each step would cost ~30 % of a 0.5B step.
     """
     speech_size = llm.speech_token_size
-    eos, banned_always = speech_size, (speech_size + 1, speech_size + 2)
+    eos = speech_size
     body = llm.llm.model.model  # Qwen2Model inside Qwen2ForCausalLM
-    device = body.embed_tokens.weight.device
-    text = torch.from_numpy(np.concatenate([request.prompt_text, request.text]).astype(np.int64))
     with torch.inference_mode():
-        embedded_text = body.embed_tokens(text[None].to(device))
-        sos = llm.llm_embedding.weight[llm.sos_eos].reshape(1, 1, -1)
-        speech_start = llm.llm_embedding.weight[llm.task_id].reshape(1, 1, -1)
-        prompt = torch.from_numpy(request.prompt_tokens.astype(np.int64))[None].to(device)
-        step_input = torch.cat(
-            [sos, embedded_text, speech_start, llm.speech_embedding(prompt)], dim=1
-        )
-        new_text = len(request.text)
-        min_len, max_len = (
-            new_text * MIN_TOKENS_PER_TEXT_TOKEN,
-            new_text * MAX_TOKENS_PER_TEXT_TOKEN,
-        )
+        step_input = prompt_inputs(llm, request)
+        min_len, max_len = length_bounds(request)
         cache = None
         out: list[int] = []
         for step in range(max_len):
@@ -79,13 +67,37 @@ def generate_tokens(
             result = body(inputs_embeds=step_input, past_key_values=cache, use_cache=True)
             cache = result.past_key_values
             log_probs = llm.llm_decoder(result.last_hidden_state[:, -1]).log_softmax(dim=-1)[0]
-            banned = (*banned_always, eos) if step < min_len else banned_always
-            token = sample_token(log_probs, out, generator, banned)
+            token = sample_token(log_probs, out, generator, banned_tokens(eos, step, min_len))
             if token == eos:
                 return
             out.append(token)
             yield token
             step_input = llm.speech_embedding.weight[token].reshape(1, 1, -1)
+
+
+def prompt_inputs(llm: Any, request: LlmRequest) -> torch.Tensor:
+    """(1, T, hidden): [sos] text (prompt + new) [speech start] prompt speech tokens."""
+    body = llm.llm.model.model
+    device = body.embed_tokens.weight.device
+    text = torch.from_numpy(np.concatenate([request.prompt_text, request.text]).astype(np.int64))
+    embedded_text = body.embed_tokens(text[None].to(device))
+    sos = llm.llm_embedding.weight[llm.sos_eos].reshape(1, 1, -1)
+    speech_start = llm.llm_embedding.weight[llm.task_id].reshape(1, 1, -1)
+    prompt = torch.from_numpy(request.prompt_tokens.astype(np.int64))[None].to(device)
+    return torch.cat([sos, embedded_text, speech_start, llm.speech_embedding(prompt)], dim=1)
+
+
+def length_bounds(request: LlmRequest) -> tuple[int, int]:
+    """Upstream's fewest and most speech tokens for the new text."""
+    new_text = len(request.text)
+    return new_text * MIN_TOKENS_PER_TEXT_TOKEN, new_text * MAX_TOKENS_PER_TEXT_TOKEN
+
+
+def banned_tokens(eos: int, step: int, min_len: int) -> tuple[int, ...]:
+    """Ids the sampler may not pick at ``step``: the two after the end token (upstream's
+    task markers), and the end token itself before the minimum length."""
+    after_eos = (eos + 1, eos + 2)
+    return (*after_eos, eos) if step < min_len else after_eos
 
 
 def _finished_producer(should_stop: Callable[[], bool]) -> Iterator[int]:

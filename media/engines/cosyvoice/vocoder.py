@@ -40,14 +40,51 @@ def vocode(hift: Any, cache: VocoderCache, mel: torch.Tensor, final: bool) -> np
     Not final: everything but the last ``OVERLAP_SAMPLES`` (kept for the next join). Final:
     everything, and the cache is emptied.
     """
-    if cache.mel is not None:
-        mel = torch.cat([cache.mel, mel], dim=2)
-    if mel.shape[2] == 0:
-        return np.zeros(0, np.float32)
-    source = cache.source if cache.source is not None else mel.new_zeros(1, 1, 0)
+    return vocode_batch(hift, [cache], [mel], [final])[0]
+
+
+def vocode_batch(
+    hift: Any, caches: list[VocoderCache], mels: list[torch.Tensor], finals: list[bool]
+) -> list[np.ndarray]:
+    """``vocode`` for several utterances; those whose inputs have the same shape share a call.
+
+    HiFT's convolutions see both ways in time, so rows of different lengths cannot be padded
+    into one call without changing their last frames; equal shapes are common, since
+    utterances that start together take hops of the same sizes.
+    """
+    inputs = []
+    for cache, mel in zip(caches, mels, strict=True):
+        if cache.mel is not None:
+            mel = torch.cat([cache.mel, mel], dim=2)
+        source = cache.source if cache.source is not None else mel.new_zeros(1, 1, 0)
+        inputs.append((mel, source))
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index, (mel, source) in enumerate(inputs):
+        if mel.shape[2]:
+            groups.setdefault((mel.shape[2], source.shape[2]), []).append(index)
+    rendered: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
     with torch.inference_mode():
-        speech, excitation = hift.inference(speech_feat=mel, cache_source=source)
-    audio = speech[0].detach().cpu().numpy().astype(np.float32)
+        for members in groups.values():
+            mel = torch.cat([inputs[index][0] for index in members])
+            source = torch.cat([inputs[index][1] for index in members])
+            speech, excitation = hift.inference(speech_feat=mel, cache_source=source)
+            audio = speech.detach().cpu().numpy().astype(np.float32)
+            for row, index in enumerate(members):
+                rendered[index] = (audio[row], excitation[row : row + 1])
+    out = []
+    for index, (cache, final) in enumerate(zip(caches, finals, strict=True)):
+        if index not in rendered:
+            out.append(np.zeros(0, np.float32))
+            continue
+        audio, excitation = rendered[index]
+        out.append(_join(cache, inputs[index][0], audio, excitation, final))
+    return out
+
+
+def _join(
+    cache: VocoderCache, mel: torch.Tensor, audio: np.ndarray, excitation: torch.Tensor, final: bool
+) -> np.ndarray:
+    """Crossfade with what the cache held back, and hold back this chunk's tail."""
     if cache.tail is not None:
         overlap = min(len(cache.tail), len(audio))
         audio[:overlap] = crossfade(cache.tail[:overlap], audio[:overlap])

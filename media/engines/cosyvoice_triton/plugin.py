@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from media.engines.base import Engine, EngineUnavailable
-from media.engines.plugin import EnginePlugin, EngineSetting, EngineSettingsError
+from media.engines.plugin import (
+    EnginePlugin,
+    EngineSetting,
+    EngineSettingsError,
+    parse_switch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +42,6 @@ def _address(raw: str) -> str:
     return raw.strip()
 
 
-def _switch(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("true or false")
-
-
 def _seconds(raw: str) -> float:
     value = float(raw)
     if not math.isfinite(value) or value <= 0:
@@ -63,7 +59,7 @@ def _file(raw: str) -> Path:
 SETTINGS = (
     EngineSetting("url", "gRPC address of the server, HOST:PORT (enables it)", None, _address),
     EngineSetting("model", "name of the streaming model", DEFAULT_MODEL, str),
-    EngineSetting("tls", "connect with TLS (true/false)", False, _switch),
+    EngineSetting("tls", "connect with TLS (true/false)", False, parse_switch),
     EngineSetting("tls_ca", "PEM root certificates for TLS (implies tls)", None, _file),
     EngineSetting("connect_timeout", "seconds a health check may take", 5.0, _seconds),
     EngineSetting(
