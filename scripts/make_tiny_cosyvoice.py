@@ -71,9 +71,14 @@ FULL = Sizes(896, 24, 14, 2, 4864, 151936, 8, 2048, 6, 256, 64, 8, 4, 12, 512, 5
 
 
 def config_yaml(sizes: Sizes) -> str:
-    """A cosyvoice2.yaml shaped like the released one, training helpers included."""
+    """A cosyvoice2.yaml laid out as the released one: every block it has, in its order,
+    training helpers (data pipeline, GAN discriminators, optimiser settings) included."""
     return f"""# built by scripts/make_tiny_cosyvoice.py: random weights
+# set random seed, so that you may reproduce your result.
 __set_seed1: !apply:random.seed [1986]
+__set_seed2: !apply:numpy.random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
 sample_rate: 24000
 llm_input_size: {sizes.qwen_hidden}
 llm_output_size: {sizes.qwen_hidden}
@@ -174,11 +179,43 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
         in_channels: {MEL_BINS}
         cond_channels: {sizes.f0_channels}
 
-# front-end helpers the released file names; the engines compute these themselves
+# gan related module
+mel_spec_transform1: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1024
+    num_mels: {MEL_BINS}
+    sampling_rate: !ref <sample_rate>
+    hop_size: 256
+    win_size: 1024
+    fmin: 0
+    fmax: null
+    center: False
+hifigan: !new:cosyvoice.hifigan.hifigan.HiFiGan
+    generator: !ref <hift>
+    discriminator: !new:cosyvoice.hifigan.discriminator.MultipleDiscriminator
+        mpd: !new:matcha.hifigan.models.MultiPeriodDiscriminator
+        mrd: !new:cosyvoice.hifigan.discriminator.MultiResolutionDiscriminator
+    mel_spec_transform: [
+        !ref <mel_spec_transform1>
+    ]
+
+# processor functions
+parquet_opener: !name:cosyvoice.dataset.processor.parquet_opener
 get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
     token_path: !ref <qwen_pretrain_path>
     skip_special_tokens: True
 allowed_special: 'all'
+tokenize: !name:cosyvoice.dataset.processor.tokenize
+    get_tokenizer: !ref <get_tokenizer>
+    allowed_special: !ref <allowed_special>
+filter: !name:cosyvoice.dataset.processor.filter
+    max_length: 40960
+    min_length: 100
+    token_max_length: 200
+    token_min_length: 1
+resample: !name:cosyvoice.dataset.processor.resample
+    resample_rate: !ref <sample_rate>
+truncate: !name:cosyvoice.dataset.processor.truncate
+    truncate_length: 24480 # must be a multiplier of hop_size
 feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     n_fft: 1920
     num_mels: {MEL_BINS}
@@ -188,11 +225,73 @@ feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     fmin: 0
     fmax: 8000
     center: False
+compute_fbank: !name:cosyvoice.dataset.processor.compute_fbank
+    feat_extractor: !ref <feat_extractor>
+parse_embedding: !name:cosyvoice.dataset.processor.parse_embedding
+    normalize: True
+shuffle: !name:cosyvoice.dataset.processor.shuffle
+    shuffle_size: 1000
+sort: !name:cosyvoice.dataset.processor.sort
+    sort_size: 500  # sort_size should be less than shuffle_size
+batch: !name:cosyvoice.dataset.processor.batch
+    batch_type: 'dynamic'
+    max_frames_in_batch: 2000
+padding: !name:cosyvoice.dataset.processor.padding
+    use_spk_embedding: False # change to True during sft
+
+# dataset processor pipeline
+data_pipeline: [
+    !ref <parquet_opener>,
+    !ref <tokenize>,
+    !ref <filter>,
+    !ref <resample>,
+    !ref <compute_fbank>,
+    !ref <parse_embedding>,
+    !ref <shuffle>,
+    !ref <sort>,
+    !ref <batch>,
+    !ref <padding>,
+]
+
+# llm flow train conf
+train_conf:
+    optim: adam
+    optim_conf:
+        lr: 1e-5 # change to 1e-5 during sft
+    scheduler: constantlr # change to constantlr during sft
+    scheduler_conf:
+        warmup_steps: 2500
+    max_epoch: 200
+    grad_clip: 5
+    accum_grad: 2
+    log_interval: 100
+    save_per_step: -1
+
+# gan train conf
+train_conf_gan:
+    optim: adam
+    optim_conf:
+        lr: 0.0002 # use small lr for gan training
+    scheduler: constantlr
+    optim_d: adam
+    optim_conf_d:
+        lr: 0.0002 # use small lr for gan training
+    scheduler_d: constantlr
+    max_epoch: 200
+    grad_clip: 5
+    accum_grad: 1 # in gan training, accum_grad must be 1
+    log_interval: 100
+    save_per_step: -1
 """
 
 
 def write_tokenizer(directory: Path, vocab_size: int) -> int:
-    """A byte-level BPE tokenizer saved the way ``AutoTokenizer`` reads it; returns its size."""
+    """A byte-level BPE tokenizer in the released files; returns its vocabulary size.
+
+    CosyVoice-BlankEN ships Qwen2's slow-tokenizer files (``vocab.json``, ``merges.txt``,
+    ``tokenizer_config.json`` naming ``Qwen2Tokenizer``, ``<|endoftext|>`` as an added
+    special token), not a ``tokenizer.json``; these are written the same way.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -204,9 +303,31 @@ def write_tokenizer(directory: Path, vocab_size: int) -> int:
         special_tokens=["<|endoftext|>"],
     )
     tokenizer.train_from_iterator([CORPUS], trainer=trainer)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer.model.save(str(directory))  # vocab.json and merges.txt
+    end = tokenizer.token_to_id("<|endoftext|>")
+    config = {
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(end): {
+                "content": "<|endoftext|>",
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
+        },
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>",
+        "errors": "replace",
+        "model_max_length": 32768,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return tokenizer.get_vocab_size()
 
 
