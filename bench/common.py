@@ -20,10 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from media.audio.frames import RTC_RATE
-from media.audio.wav import write_wav
-from peer.speech import speech_with_pauses
-
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -121,7 +117,15 @@ def process_rss_bytes(pid: int) -> int:
 
 
 def speech_input(path: Path, seconds: float) -> Path:
-    """A WAV of espeak sentences with pauses, repeated to at least ``seconds``."""
+    """A WAV of espeak sentences with pauses, repeated to at least ``seconds``.
+
+    The media stack is imported here, not at the top, so the benchmarks of a model alone
+    (``bench.cosyvoice`` on a bare GPU machine) need none of it.
+    """
+    from media.audio.frames import RTC_RATE
+    from media.audio.wav import write_wav
+    from peer.speech import speech_with_pauses
+
     clip = speech_with_pauses().clean
     repeats = int(np.ceil(seconds * RTC_RATE / len(clip)))
     write_wav(path, np.tile(clip, repeats)[: int(seconds * RTC_RATE)], RTC_RATE)
@@ -144,7 +148,7 @@ def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.1f}"
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
     return str(value)
 
 

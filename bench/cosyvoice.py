@@ -1,6 +1,7 @@
 """CosyVoice2 speak engine: first-chunk latency and real-time factor at 1 to 16 streams.
 
     .venv/bin/python -m bench.cosyvoice MODEL_DIR [--device cpu|cuda] [--repeat 2]
+        [--triton-url HOST:PORT | --triton-standin]
 
 Runs the engine in-process (no WebRTC), sequential (each utterance alone in its own threads)
 and batched (one worker running every utterance's LLM steps and hops together), on the same
@@ -8,17 +9,27 @@ loaded model, in one run: each stream is one thread calling ``synthesize`` on it
 all started together. First chunk: from the call to the first audio chunk.
 Real-time factor: the stream's synthesis time over the audio it produced; CPU seconds per
 audio second counts the whole process, all streams, and does not grow with other load on the
-machine the way wall-clock times do. A second table
-times the flow per hop over a 12 s utterance, with the bounded left context against
-upstream's full recompute. Results go to bench/results/cosyvoice.json.
+machine the way wall-clock times do. With ``--triton-url HOST:PORT`` (a Triton server running
+CosyVoice's official runtime) or ``--triton-standin`` (the repo's stand-in, started for the
+run), ``cosyvoice-triton`` gets rows of its own; its CPU column is this process's share. A
+second table times the flow per hop over a 12 s utterance, with the bounded left context
+against upstream's full recompute. Results go to bench/results/cosyvoice.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +41,8 @@ from media.engines.cosyvoice import loader
 from media.engines.cosyvoice.flow_window import flow_mel
 from media.engines.cosyvoice.schedule import HopSchedule
 from media.engines.cosyvoice.speak import CosyVoiceEngine
+from media.engines.registry import EngineRegistry
+from scripts.triton_standin import shm_prefix
 
 SENTENCE = (
     "The train to the city leaves at half past nine, so please remember to bring your "
@@ -39,10 +52,13 @@ CONCURRENCY = (1, 2, 4, 8, 16)
 FLOW_TOKENS = 300  # 12 s of speech
 FLOW_REPEATS = 2
 SPEECH_TOKENS = 6561
+TRITON_READY_S = 60.0
+STANDIN_STOP_S = 10.0
 
 
 def one_stream(engine: Any, seed: int, out: list[dict[str, float]]) -> None:
-    state = engine.new_state(engine.validate_options({"seed": seed}))
+    seeded = any(spec.name == "seed" for spec in engine.option_specs)
+    state = engine.new_state(engine.validate_options({"seed": seed} if seeded else {}))
     began = time.perf_counter()
     first, samples = None, 0
     for chunk in engine.synthesize(state, SENTENCE, threading.Event()):
@@ -57,12 +73,15 @@ def one_stream(engine: Any, seed: int, out: list[dict[str, float]]) -> None:
     engine.close_state(state)
 
 
-def concurrency_rows(engines: dict[str, Any], repeat: int) -> list[dict[str, Any]]:
-    """Both modes at each concurrency, next to each other, so drift hits them alike."""
+def concurrency_rows(
+    engines: dict[str, Any], concurrency: list[int], repeat: int
+) -> list[dict[str, Any]]:
+    """Every mode at each concurrency, next to each other, so drift hits them alike."""
     rows = []
-    for streams in CONCURRENCY:
+    for streams in concurrency:
         for mode, engine in engines.items():
             rows.append({"mode": mode, **streams_row(engine, streams, repeat)})
+            print(f"measured: {rows[-1]}", file=sys.stderr, flush=True)  # survives a timeout
     return rows
 
 
@@ -139,10 +158,29 @@ def main() -> int:
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--streams", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument("--name", default="cosyvoice", help="results file: bench/results/NAME.json")
+    parser.add_argument("--no-flow-table", action="store_true", help="skip the flow-per-hop table")
+    triton = parser.add_mutually_exclusive_group()
+    triton.add_argument(
+        "--triton-url", help="also measure cosyvoice-triton against this server (HOST:PORT)"
+    )
+    triton.add_argument(
+        "--triton-standin",
+        action="store_true",
+        help="also measure cosyvoice-triton against the stand-in server (make triton-standin)",
+    )
     args = parser.parse_args()
     engine = loader.load_speak({"model": args.model_dir, "device": args.device})
     sequential = CosyVoiceEngine(engine.model, engine.context_tokens, engine.chunk)
-    rows = concurrency_rows({"sequential": sequential, "batched": engine}, args.repeat)
+    engines: dict[str, Any] = {"sequential": sequential, "batched": engine}
+    with contextlib.ExitStack() as stack:
+        url = args.triton_url
+        if args.triton_standin:
+            url = stack.enter_context(triton_standin())
+        if url:
+            engines["triton"] = stack.enter_context(triton_engine(url))
+        rows = concurrency_rows(engines, args.streams, args.repeat)
     columns = [
         "mode",
         "streams",
@@ -156,12 +194,13 @@ def main() -> int:
     ]
     print_table(rows, columns)
     print()
-    flow = flow_rows(engine)
-    print_table(
-        flow, ["flow context", "hops", "first_hop_cpu_ms", "last_hop_cpu_ms", "total_cpu_ms"]
-    )
+    flow = [] if args.no_flow_table else flow_rows(engine)
+    if flow:
+        print_table(
+            flow, ["flow context", "hops", "first_hop_cpu_ms", "last_hop_cpu_ms", "total_cpu_ms"]
+        )
     path = write_results(
-        "cosyvoice",
+        args.name,
         {
             "benchmark": "cosyvoice",
             "machine": platform.platform(),
@@ -174,6 +213,55 @@ def main() -> int:
     print(f"\nwrote {path.relative_to(ROOT)}")
     engine.close()
     return 0
+
+
+@contextlib.contextmanager
+def triton_standin() -> Iterator[str]:
+    """``scripts/triton_standin.py`` on a free port, from its own environment, for the run.
+
+    Its responses are paced as its defaults say (20 ms of audio every 10 ms, the first after
+    its simulated model delay), so the triton rows measure the bridge: our gRPC client, its
+    buffering and re-framing, under concurrency, not a model.
+    """
+    python = ROOT / ".venv" / "triton" / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"no stand-in environment at {python}: run `make triton-standin`")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="cosyrtc-standin-") as workdir:
+        with open(Path(workdir) / "server.log", "wb") as log:
+            process = subprocess.Popen(
+                [
+                    python,
+                    ROOT / "scripts" / "triton_standin.py",
+                    f"--grpc-port={port}",
+                    f"--workdir={workdir}/repo",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:  # the server runs in a process group of its own, whose id is its pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(STANDIN_STOP_S)
+            for region in Path("/dev/shm").glob(shm_prefix(process.pid) + "*"):
+                region.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def triton_engine(url: str) -> Iterator[Any]:
+    """The cosyvoice-triton engine connected to ``url``, as the server loads it."""
+    registry = EngineRegistry.load(["cosyvoice-triton"], {"cosyvoice-triton": {"url": url}})
+    try:
+        engine: Any = registry.get("cosyvoice-triton")
+        if not engine.wait_until_available(TRITON_READY_S):
+            raise SystemExit(f"Triton at {url} is not available: {engine.unavailable_reason}")
+        yield engine
+    finally:
+        registry.close()
 
 
 if __name__ == "__main__":
