@@ -206,6 +206,7 @@ def main() -> int:
             "machine": platform.platform(),
             "model_dir": str(args.model_dir),
             "device": args.device,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
             "rows": rows,
             "flow_per_hop": flow,
         },

@@ -7,7 +7,8 @@ upstream classes from a yaml of the same shape, so the engines load it through t
 loading code. Sizes upstream's code fixes stay real: 80 mel bins, 6561 speech tokens, the
 512-wide flow encoder, 24 kHz output with a 480-sample mel hop. Everything else is tiny by
 default (a few seconds to build, ~60 MB); ``--full`` uses CosyVoice2-0.5B's sizes (random
-weights, ~2.5 GB) for timing on a GPU. Random weights produce noise, not speech.
+weights, ~4.3 GB, ~25 s) for loading tests and GPU timing. Random weights produce noise,
+not speech.
 
 A random LLM never picks its end token on purpose, so the end-of-speech logit gets a large
 bias: with end masked until upstream's minimum length (twice the text tokens), every utterance

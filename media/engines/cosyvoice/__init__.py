@@ -24,9 +24,12 @@ Modules, one job each:
 - ``sampling``, ``tokens``, ``bistream``: the LLM, token by token, in a cancellable worker;
 - ``schedule``, ``flow_window``, ``vocoder``, ``crossfade``, ``synthesis``: the streaming
   scheduler, from tokens to audio chunks with per-utterance caches;
+- ``batch_llm``, ``flow_batch``, ``batcher``: every utterance of a worker in one loop, one
+  LLM step for all and the ready hops' flow and HiFT in shared calls (the default);
 - ``speak``, ``vc``: the two engines; ``loader``: settings and the shared model.
 
 ``scripts/make_tiny_cosyvoice.py`` builds a random model directory for tests (``--full``:
-real sizes, for GPU timing); ``bench/cosyvoice.py`` measures first-chunk latency and
-real-time factor at 1-8 concurrent streams.
+real sizes in the published layout); ``bench/cosyvoice.py`` measures first-chunk latency,
+real-time factor and CPU per audio second at 1-16 concurrent streams, sequential, batched
+and on Triton; ``bench/gpu/check.sh`` runs it at real size on a GPU.
 """
