@@ -11,15 +11,6 @@ The far end says how many were, in the fraction-lost field of its RTCP receiver 
 (about one a second); aiortc's sender keeps the latest as ``remote-inbound-rtp`` stats.
 The encoder's expected loss follows it, raised at once and lowered slowly (a loss burst is
 often followed by another), and off (no copies) once the link has stayed clean a while.
-
-A call starts protected (``INITIAL_PERCENT``), as if a report of that much loss had just
-come: the first reports take seconds to arrive, and a call that waited for them spoke its
-first sentences with concealment alone. Echoed speech through 2 % random loss (the relay
-of ``bench.netimpair``, 12 s calls, median of 5): PESQ-WB 3.30 waiting for reports, 3.92
-protected from the start; with 0-30 ms of jitter too, 3.39 and 3.69 (clean link: 4.10).
-On a clean link the copies stop after ~11 reports (the estimate decays by ``DECAY`` per
-report); meanwhile encoding costs ~20 % more (186 against 223 us per 20 ms frame, libopus
-mono 48 kb/s ``voip``, this machine).
 A report of an outage (most packets lost) is not loss FEC can bridge, and is left out:
 after a cut link the encoder would otherwise code for heavy loss, in SILK's narrower
 band, for many seconds of a link that is clean again.
@@ -40,7 +31,6 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0  # receiver reports come about once a second
 DECAY = 0.8  # per report without more loss: the estimate falls to a third in five seconds
 OFF_BELOW = 0.005  # under half a percent the copies cost more than they save
-INITIAL_PERCENT = 5  # until reports say otherwise
 MAX_PERCENT = 10  # 4 % loss scores the same at 5 and 10 (PESQ-WB 4.41, 4.40); more buys nothing
 # A report with most packets lost is an outage (a cut link, a stalled network): copies in
 # the next packet cannot bridge it, and it says nothing of the scattered loss after it.
@@ -50,8 +40,8 @@ OUTAGE = 0.5
 class LossEstimate:
     """The expected loss percent from a series of reported loss fractions (0 to 1)."""
 
-    def __init__(self, initial_percent: int = 0) -> None:
-        self._loss = initial_percent / 100
+    def __init__(self) -> None:
+        self._loss = 0.0
 
     def report(self, fraction: float) -> int:
         """Take one report; returns the percent to expect (0: no FEC)."""
@@ -72,13 +62,12 @@ class LossAdaptiveFec:
     def __init__(self, sender: Any, encoder: OpusEncoder) -> None:
         self._sender = sender
         self._encoder = encoder
-        self._estimate = LossEstimate(INITIAL_PERCENT)
+        self._estimate = LossEstimate()
         self._task: asyncio.Task[None] | None = None
         self.expected_percent = 0
 
     def start(self) -> None:
         if self._encoder.fec and self._task is None:
-            self._expect(INITIAL_PERCENT)
             self._task = asyncio.create_task(self._follow(), name="loss-adaptive-fec")
 
     async def stop(self) -> None:
@@ -95,18 +84,13 @@ class LossAdaptiveFec:
             if fraction is None:
                 continue
             percent = self._estimate.report(fraction)
-            if percent != self.expected_percent and not self._expect(percent):
-                return  # the encoder was closed: the session is over
-
-    def _expect(self, percent: int) -> bool:
-        """Set the encoder's expected loss; False when the encoder is closed."""
-        try:
-            self._encoder.set_expected_loss(percent)
-        except OpusError:
-            return False
-        log.debug("expected loss %d%% -> %d%%", self.expected_percent, percent)
-        self.expected_percent = percent
-        return True
+            if percent != self.expected_percent:
+                try:
+                    self._encoder.set_expected_loss(percent)
+                except OpusError:
+                    return  # the encoder was closed: the session is over
+                log.debug("expected loss %d%% -> %d%%", self.expected_percent, percent)
+                self.expected_percent = percent
 
     async def _reported_fraction(self) -> float | None:
         """The far end's latest fraction lost (0 to 1), None before its first report."""
