@@ -20,14 +20,6 @@ a listener's buffer, a recording) is left holding the surplus. So the grid only 
 phase: it strays at most ``MAX_SHIFT_S`` from where it was anchored, in either direction,
 and delay that audio in the buffer can pay for is always shed by acceleration.
 
-Speech has pauses, and a pause is where delay is shed for free: a listener hears nothing
-cut, and a speech-quality judge (PESQ aligns each talk-spurt on its own) sees no warp
-inside the words. So when the frames are speech that pauses (a pause ended within the
-last ``PAUSE_WITHIN_SLOTS``; see :class:`Pauses`), excess up to ``MAX_DEFERRED_S`` waits
-for the next quiet frame and is shed there; a stream that never goes quiet (a tone,
-music, speech over noise) sheds as it goes. Growing the delay is never deferred: a
-target that rose means packets are late now.
-
 :class:`DelayControl` decides which, and how much, with no clock of its own.
 """
 
@@ -50,37 +42,8 @@ MAX_SHIFT_S = 0.02  # ...and all its moves add up to at most this, either way
 # the same link, 3 calls each: 60-62 ms at 5 ms; 63-64 at 15 ms; 62-75 at 20 ms. 15 ms
 # keeps the round trip within 50 ms of the clean link's (15 ms) and most of the gain.
 TOLERATED_EXCESS_S = 0.015
-PAUSE_MIN_FRAMES = 8  # 160 ms of quiet frames in a row is a pause
-PAUSE_WITHIN_SLOTS = 150  # 3 s: speech with a pause this recent has another coming
-MAX_DEFERRED_S = 0.06  # excess beyond this is shed at once, pause or not
 MAX_SHED = 720  # samples a slot may accelerate by (15 ms: the stream plays 1.75x)
 MAX_GROW = 480  # samples a slot may expand by ahead of time (10 ms: 0.67x)
-
-
-class Pauses:
-    """Whether the stream is speech that pauses: a run of at least ``PAUSE_MIN_FRAMES``
-    quiet frames ended within the last ``PAUSE_WITHIN_SLOTS``. Quiet is the splicer's quiet
-    (``splice.is_quiet``): audio a splice may cut anywhere, so delay that waits for a pause
-    is sure to be shed in it. A shorter quiet run is a gap between words, or a concealment
-    fading out, not a pause to plan on."""
-
-    def __init__(self) -> None:
-        self._quiet_run = 0
-        self._since_pause: int | None = None  # slots since the last pause ended
-
-    def hear(self, quiet: bool) -> None:
-        if quiet:
-            self._quiet_run += 1
-            if self._quiet_run >= PAUSE_MIN_FRAMES:
-                self._since_pause = 0
-            return
-        self._quiet_run = 0
-        if self._since_pause is not None:
-            self._since_pause += 1
-
-    @property
-    def expected(self) -> bool:
-        return self._since_pause is not None and self._since_pause < PAUSE_WITHIN_SLOTS
 
 
 class DelayControl:
@@ -89,28 +52,22 @@ class DelayControl:
     def __init__(self) -> None:
         self._since_nudge = NUDGE_SLOTS
         self._shift = 0.0  # the grid's moves since it was anchored, seconds
-        self._pauses = Pauses()
 
     def rebase(self) -> None:
         """The grid was anchored anew: its moves count from here."""
         self._shift = 0.0
 
-    def step(
-        self, delay: float, wanted: float, surplus: int, quiet: bool | None = None
-    ) -> tuple[int, float]:
+    def step(self, delay: float, wanted: float, surplus: int) -> tuple[int, float]:
         """``(change, nudge)`` for a slot whose delay is ``delay`` and should be ``wanted``.
 
         ``surplus`` is how many samples the buffer holds beyond the frame to play (below
-        0: not even the frame, which will be expanded); ``quiet`` says whether the frame to
-        play is a pause (None: not known, no waiting for pauses). A
+        0: not even the frame, which will be expanded). A
         positive ``change`` asks to accelerate by up to that many samples, a negative one to
         expand ahead of time; ``nudge`` is what to add to the grid's anchor (negative:
         start the next slot sooner).
         """
         error = delay - wanted
         self._since_nudge += 1
-        if quiet is not None:
-            self._pauses.hear(quiet)
         if wanted > 0 and NUDGE_MIN_S < error <= TOLERATED_EXCESS_S:
             # On a jittery link (a target above the floor) a little to spare is a late
             # packet absorbed without a splice; on a steady one the excess a one-off stall
@@ -118,8 +75,6 @@ class DelayControl:
             return 0, 0.0
         if error > NUDGE_MIN_S:
             if error * RATE >= MIN_PERIOD and surplus >= MIN_PERIOD:
-                if quiet is False and self._pauses.expected and error <= MAX_DEFERRED_S:
-                    return 0, 0.0  # speech: the next pause sheds it
                 # Audio waits here: play it faster.
                 return min(round(error * RATE), surplus, MAX_SHED), 0.0
             return 0, self._nudge(-min(error, MAX_NUDGE_S))  # it waits in time

@@ -71,8 +71,7 @@ def similarity(reference: np.ndarray, region: np.ndarray) -> np.ndarray:
     return result
 
 
-def is_quiet(samples: np.ndarray) -> bool:
-    """Below ``QUIET``: a splice here needs no waveform match, and nobody hears it."""
+def _quiet(samples: np.ndarray) -> bool:
     return float(np.mean(np.square(samples, dtype=np.float64))) < QUIET if len(samples) else True
 
 
@@ -172,7 +171,7 @@ class Splicer:
         match = similarity(ahead[:XFADE], ahead[MIN_PERIOD : top + XFADE])
         distance = np.abs(np.arange(MIN_PERIOD, top + 1) - amount) / MAX_PERIOD
         best = int(np.argmax(match - AMOUNT_BIAS * distance))
-        if match[best] < MATCH and not is_quiet(ahead[: top + XFADE]):
+        if match[best] < MATCH and not _quiet(ahead[: top + XFADE]):
             return 0
         return MIN_PERIOD + best
 
@@ -198,7 +197,7 @@ class Splicer:
     def _new_loop(self) -> np.ndarray:
         """The last ``P`` samples played, ``P`` where the past best continues the present."""
         history = self._history
-        if is_quiet(history[-LOOP_MAX:]):
+        if _quiet(history[-LOOP_MAX:]):
             return history[-LOOP_MIN:].copy()
         # Reversed, the last window comes first and the window P earlier lies P after it.
         backwards = history[::-1]
@@ -223,7 +222,7 @@ class Splicer:
         reach_skip = min(len(self._loop), MAX_PERIOD, len(ahead) - out_samples)
         upcoming = self._peek_loop(reach_extra + XFADE)
         extra = skip = 0
-        if not is_quiet(upcoming) and not is_quiet(ahead[:XFADE]):
+        if not _quiet(upcoming) and not _quiet(ahead[:XFADE]):
             later_here = similarity(ahead[:XFADE], upcoming)
             score = later_here - AMOUNT_BIAS * np.arange(len(later_here)) / MAX_PERIOD
             best = int(np.argmax(score))

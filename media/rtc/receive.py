@@ -59,7 +59,7 @@ from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.opus import MAX_FRAME_SAMPLES, OpusDecoder, OpusError, packet_has_fec
 from media.audio.playout_delay import PlayoutDelayEstimator
 from media.audio.realtime import RealTimeBudget
-from media.audio.splice import XFADE, Splicer, is_quiet
+from media.audio.splice import XFADE, Splicer
 from media.pipeline.base import ReceiveStats
 
 log = logging.getLogger(__name__)
@@ -685,8 +685,7 @@ class AudioReceivePath:
         delay = start - expected
         self.stats.delay_ms = round(1000 * delay, 1)
         surplus = self._decoded.samples - FRAME_SAMPLES
-        quiet = is_quiet(self._decoded.head(FRAME_SAMPLES))
-        change, self._nudge = self._control_steps.step(delay, wanted, surplus, quiet)
+        change, self._nudge = self._control_steps.step(delay, wanted, surplus)
         return change
 
     def _should_idle(self, now: float) -> bool:

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from media.audio.delay_control import (
-    MAX_DEFERRED_S,
-    MAX_SHED,
-    PAUSE_MIN_FRAMES,
-    PAUSE_WITHIN_SLOTS,
-    TOLERATED_EXCESS_S,
-    DelayControl,
-)
+from media.audio.delay_control import MAX_SHED, TOLERATED_EXCESS_S, DelayControl
 from media.audio.splice import RATE
 
 WANTED = 0.03  # a jittery link: the target is above the floor
@@ -47,52 +40,3 @@ def test_on_a_steady_link_even_a_small_excess_is_shed():
     goes at once; keeping it would leave the call a few ms later for good."""
     control = DelayControl()
     assert control.step(0.004, 0.0, PLENTY)[0] == round(0.004 * RATE)
-
-
-EXCESS = TOLERATED_EXCESS_S + 0.01  # shed at once on a stream that does not pause
-SHED = min(round(EXCESS * RATE), MAX_SHED)  # what one slot sheds of it
-
-
-def paused(control: DelayControl, frames: int = PAUSE_MIN_FRAMES) -> None:
-    """Quiet frames at the wanted delay: a pause in the speech, nothing to shed."""
-    for _ in range(frames):
-        assert control.step(WANTED, WANTED, PLENTY, quiet=True) == (0, 0.0)
-
-
-def test_speech_that_pauses_keeps_its_excess_for_the_next_pause():
-    control = DelayControl()
-    paused(control)
-    for _ in range(PAUSE_WITHIN_SLOTS - 1):  # talking: nothing cut inside the words
-        assert control.step(WANTED + EXCESS, WANTED, PLENTY, quiet=False) == (0, 0.0)
-    change, _ = control.step(WANTED + EXCESS, WANTED, PLENTY, quiet=True)
-    assert change == SHED  # the pause sheds it
-
-
-def test_an_excess_too_large_to_wait_is_shed_in_the_speech():
-    control = DelayControl()
-    paused(control)
-    excess = MAX_DEFERRED_S + 0.005
-    change, _ = control.step(WANTED + excess, WANTED, PLENTY, quiet=False)
-    assert change == min(round(excess * RATE), MAX_SHED)
-
-
-def test_a_stream_that_stopped_pausing_sheds_as_it_goes():
-    control = DelayControl()
-    paused(control)
-    for _ in range(PAUSE_WITHIN_SLOTS):
-        control.step(WANTED, WANTED, PLENTY, quiet=False)
-    assert control.step(WANTED + EXCESS, WANTED, PLENTY, quiet=False)[0] == SHED
-
-
-def test_a_short_quiet_run_is_not_a_pause_to_wait_for():
-    """A gap between words, or a concealment fading out in a tone, is not a pause."""
-    control = DelayControl()
-    paused(control, PAUSE_MIN_FRAMES - 1)
-    assert control.step(WANTED + EXCESS, WANTED, PLENTY, quiet=False)[0] == SHED
-
-
-def test_growing_the_delay_never_waits_for_a_pause():
-    control = DelayControl()
-    paused(control)
-    change, _ = control.step(WANTED - 0.008, WANTED, PLENTY, quiet=False)
-    assert change == -round(0.008 * RATE)
