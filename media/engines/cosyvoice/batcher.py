@@ -174,7 +174,8 @@ class CosyVoiceBatcher:
                     self._pass(admitted)
             except Exception as exc:  # a bug here must not leave consumers waiting forever
                 log.exception("CosyVoice batch worker pass failed")
-                self._fail([*self._active, *admitted], exc, exc)
+                # Admitted utterances may already be active: each is ended once.
+                self._fail(list(dict.fromkeys([*self._active, *admitted])), exc, exc)
         with self._changed:
             for utterance in (*self._active, *self._waiting):
                 utterance.output.put(_END)
