@@ -206,6 +206,8 @@ class AudioReceivePath:
         self._call_at = call_at or loop.call_at  # type: ignore[union-attr]
         self._decoder = decoder or OpusDecoder(channels=1)
         self.on_error = on_error
+        # Told how many packets each gap lost (the send side's FEC starts on it).
+        self.on_loss: Callable[[int], None] | None = None
         self._pending: dict[int, _Pending] = {}  # packets after a gap
         self._next_seq: int | None = None
         self._next_timestamp: int | None = None  # RTP timestamp the next packet should have
@@ -480,6 +482,8 @@ class AudioReceivePath:
                 self._concealed_run += 1
             concealed += 1
         self._next_seq, self._next_timestamp = following, after.timestamp
+        if self.on_loss is not None:
+            self.on_loss(missing)
 
     def _remember_lost(self, seq: int, now: float) -> None:
         self._lost_at[seq] = now

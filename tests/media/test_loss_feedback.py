@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from media.audio.opus import Application, OpusEncoder, packet_has_fec
+from media.pipeline.base import ReceiveStats
 from media.rtc import loss_feedback
 from media.rtc.loss_feedback import LossAdaptiveFec, LossEstimate
 from peer.call import declare_inband_fec
@@ -98,6 +99,41 @@ async def test_the_encoder_follows_the_reports(
         await asyncio.sleep(0.05)
         assert follower.expected_percent == 6
         assert fec_share(encoder, speech) > 0.5
+    finally:
+        await follower.stop()
+
+
+async def test_a_loss_on_the_way_in_starts_copies_before_any_report(
+    monkeypatch: pytest.MonkeyPatch, speech: np.ndarray
+) -> None:
+    monkeypatch.setattr(loss_feedback, "POLL_S", 0.01)
+    sender = ReportingSender()
+    encoder = OpusEncoder(application=Application.VOIP, bitrate=96_000, fec=True)
+    received = ReceiveStats()
+    follower = LossAdaptiveFec(sender, encoder, received)
+    follower.on_receive_loss(1)
+    assert follower.expected_percent == 0  # not started: no call to protect yet
+    follower.start()
+    try:
+        received.packets = 10
+        follower.on_receive_loss(1)  # one of the first packets: judged over a second's worth
+        assert follower.expected_percent == 2
+        assert fec_share(encoder, speech) > 0.5
+        follower.on_receive_loss(5)  # the encoder codes for loss already: reports lead
+        assert follower.expected_percent == 2
+        sender.fraction = 0  # the far end reports a clean way out: the copies wind down
+        await asyncio.sleep(0.5)
+        assert follower.expected_percent == 0
+    finally:
+        await follower.stop()
+
+
+async def test_an_outage_on_the_way_in_starts_no_copies() -> None:
+    follower = LossAdaptiveFec(ReportingSender(), OpusEncoder(fec=True), ReceiveStats())
+    follower.start()
+    try:
+        follower.on_receive_loss(100)  # a cut link, not loss FEC can bridge
+        assert follower.expected_percent == 0
     finally:
         await follower.stop()
 

@@ -478,6 +478,14 @@ class TestLoss:
         assert stats.concealed - concealed + stats.skipped - skipped == 2
         assert ("fec", lost + 2) in link.concealments
 
+    def test_each_gap_is_told_with_the_packets_it_lost(self, tone: list[bytes]):
+        """The send side's FEC starts on the way-in losses (media.rtc.loss_feedback)."""
+        link = Link(tone)
+        told: list[int] = []
+        link.path.on_loss = told.append
+        link.send_all([k for k in range(60) if k not in (20, 40, 41)])
+        assert told == [1, 2]
+
     def test_a_loss_across_the_sequence_and_timestamp_wrap_is_one_frame(self, plain: list[bytes]):
         link = Link(plain, first_seq=SEQ_MOD - 6, first_timestamp=TS_MOD - 3 * FRAME)
         link.send_all([k for k in range(20) if k != 6])  # packet 6 has sequence number 0
