@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
+from media.audio.opus import packet_has_fec
 from media.engines.registry import EngineRegistry
 from media.rtc.receive import MAX_CONCEALED_FRAMES
 from peer.call import PeerCall
@@ -196,6 +197,39 @@ async def test_call_under_loss_and_jitter_stays_continuous_and_fast(
     # (event-loop stalls on top of the relay's loss) one or two such frames were measured.
     # A stalled or gapped playout leaves runs of several frames (the old path: up to 80 ms).
     assert max(holes, default=0) <= 1 and len(holes) <= 2, f"silent holes (frames): {holes}"
+
+
+async def test_loss_on_the_way_in_starts_fec_on_the_way_out_before_any_report(
+    registry: EngineRegistry, speech_audio: np.ndarray
+):
+    """5 % loss toward the server, a clean way back: the server codes FEC copies anyway.
+
+    The way back loses nothing, so no receiver report from the peer ever shows loss; the
+    copies can only come from the server's own receive path, whose lost packets stand in
+    for the reports (media/rtc/loss_feedback.py): the two ways of a real call mostly share
+    their access link, and reports come a second or two after the first losses.
+    """
+    arrivals: list[tuple[float, bool]] = []
+    async with running_server(registry) as running:
+        with UdpRelay(seed=11) as relay:
+            async with relayed_call(running, relay, speech_audio[: 5 * RTC_RATE]) as (peer, _):
+                take = peer.receive.receive
+
+                def record(seq: int, timestamp: int, payload: bytes) -> None:
+                    arrivals.append((time.monotonic(), bool(payload) and packet_has_fec(payload)))
+                    take(seq, timestamp, payload)
+
+                peer.receive.receive = record  # type: ignore[method-assign]
+                relay.to_server.impairment = Impairment(loss=0.05)
+                impaired_at = time.monotonic()
+                await peer.source.finished.wait()
+                await peer.end()
+    assert relay.to_server.stats.lost > 0 and relay.to_client.stats.lost == 0
+    with_fec = [at - impaired_at for at, fec in arrivals if fec]
+    assert with_fec, "the server never coded a copy for its clean way out"
+    later = [fec for at, fec in arrivals if at - impaired_at > 2.0]
+    # Copies are made for voiced frames only (not the pauses): a third of them at least.
+    assert sum(later) >= len(later) / 3, f"{sum(later)} of {len(later)} packets with FEC"
 
 
 TONE_HZ = 441.7
