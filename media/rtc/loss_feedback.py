@@ -83,7 +83,7 @@ class LossAdaptiveFec:
         self._estimate = LossEstimate()
         self._task: asyncio.Task[None] | None = None
         self.expected_percent = 0
-        self._packets_at_report = 0  # the receive path's packet count at the last report
+        self._packets_at_poll = 0  # the receive path's packet count at the last poll
 
     def start(self) -> None:
         if self._encoder.fec and self._task is None:
@@ -102,7 +102,7 @@ class LossAdaptiveFec:
         if self.expected_percent or not self._encoder.fec or self._task is None:
             return
         arrived = 0 if self._received is None else self._received.packets
-        window = max(arrived - self._packets_at_report + packets, LOCAL_WINDOW_PACKETS)
+        window = max(arrived - self._packets_at_poll + packets, LOCAL_WINDOW_PACKETS)
         self._expect(self._estimate.report(packets / window))
 
     async def _follow(self) -> None:
@@ -110,7 +110,7 @@ class LossAdaptiveFec:
             await asyncio.sleep(POLL_S)
             fraction = await self._reported_fraction()
             if self._received is not None:
-                self._packets_at_report = self._received.packets
+                self._packets_at_poll = self._received.packets
             if fraction is None:
                 continue
             if not self._expect(self._estimate.report(fraction)):
