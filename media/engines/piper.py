@@ -154,7 +154,7 @@ class _Voice:
     speaker_id: int | None  # None for single-speaker voices
 
 
-def _load_voice(package: str) -> _Voice:
+def load_voice(package: str) -> _Voice:
     """Split the package's voice graph and make one session per part."""
     import onnx
     import onnx.utils
@@ -333,7 +333,7 @@ def load() -> PiperEngine:
     missing: list[str] = []
     for name, package in VOICE_PACKAGES.items():
         try:
-            voices[name] = _load_voice(package)
+            voices[name] = load_voice(package)
         except ImportError:
             missing.append(package)
     if not voices:
