@@ -94,8 +94,7 @@ class PeerCall(EventLog):
         self.connect_ms: float | None = None
         transceiver = self.pc.addTransceiver(self.source, direction="sendrecv")
         install(transceiver.receiver, self.receive)
-        self._fec = LossAdaptiveFec(transceiver.sender, encoder, self.receive.stats)
-        self.receive.on_loss = self._fec.on_receive_loss
+        self._fec = LossAdaptiveFec(transceiver.sender, encoder, self.receive)
         self.channel = self.pc.createDataChannel("control") if data_channel else None
         if self.channel is not None:
             self.channel.on("message", self._record_event)

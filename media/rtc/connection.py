@@ -133,8 +133,7 @@ class RtcConnection:
             pipeline.attach(receive)
             if send_audio:
                 sender = pc.addTrack(OutboundAudioTrack(pipeline.output))
-                self._fec = LossAdaptiveFec(sender, pipeline.output.encoder, receive.stats)
-                receive.on_loss = self._fec.on_receive_loss
+                self._fec = LossAdaptiveFec(sender, pipeline.output.encoder, receive)
             await pc.setLocalDescription(await pc.createAnswer())
         except NoMediaPorts:
             await pc.close()

@@ -34,7 +34,7 @@ import math
 from typing import Any
 
 from media.audio.opus import OpusEncoder, OpusError
-from media.pipeline.base import ReceiveStats
+from media.rtc.receive import AudioReceivePath
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +69,19 @@ class LossEstimate:
 class LossAdaptiveFec:
     """Keeps ``encoder``'s expected loss in step with what ``sender``'s far end reports.
 
-    ``received``, the stats of the receive path for the far end's stream, lets that
-    stream's losses (:meth:`on_receive_loss`) start copies before a report comes. A no-op
+    ``receive``, the receive path of the far end's stream, is told to report its losses
+    here (:meth:`on_receive_loss`), so they start copies before a report comes. A no-op
     when the encoder was made without FEC (the far end did not ask for it).
     """
 
     def __init__(
-        self, sender: Any, encoder: OpusEncoder, received: ReceiveStats | None = None
+        self, sender: Any, encoder: OpusEncoder, receive: AudioReceivePath | None = None
     ) -> None:
         self._sender = sender
         self._encoder = encoder
-        self._received = received
+        self._received = None if receive is None else receive.stats
+        if receive is not None:
+            receive.on_loss = self.on_receive_loss
         self._estimate = LossEstimate()
         self._task: asyncio.Task[None] | None = None
         self.expected_percent = 0
@@ -99,7 +101,7 @@ class LossAdaptiveFec:
     def on_receive_loss(self, packets: int) -> None:
         """``packets`` of the far end's stream were lost on the way in: start copies on the
         way out now, unless the encoder already codes for loss (reports then lead)."""
-        if self.expected_percent or not self._encoder.fec or self._task is None:
+        if self.expected_percent or self._task is None:  # coding for loss, or not following
             return
         arrived = 0 if self._received is None else self._received.packets
         window = max(arrived - self._packets_at_poll + packets, LOCAL_WINDOW_PACKETS)

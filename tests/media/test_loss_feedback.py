@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from media.audio.opus import Application, OpusEncoder, packet_has_fec
-from media.pipeline.base import ReceiveStats
 from media.rtc import loss_feedback
 from media.rtc.loss_feedback import LossAdaptiveFec, LossEstimate
+from media.rtc.receive import AudioReceivePath
 from peer.call import declare_inband_fec
 from peer.speech import speech_with_pauses
 
@@ -109,13 +109,14 @@ async def test_a_loss_on_the_way_in_starts_copies_before_any_report(
     monkeypatch.setattr(loss_feedback, "POLL_S", 0.01)
     sender = ReportingSender()
     encoder = OpusEncoder(application=Application.VOIP, bitrate=96_000, fec=True)
-    received = ReceiveStats()
-    follower = LossAdaptiveFec(sender, encoder, received)
+    receive = AudioReceivePath(lambda frame: None)
+    follower = LossAdaptiveFec(sender, encoder, receive)
+    assert receive.on_loss == follower.on_receive_loss
     follower.on_receive_loss(1)
     assert follower.expected_percent == 0  # not started: no call to protect yet
     follower.start()
     try:
-        received.packets = 10
+        receive.stats.packets = 10
         follower.on_receive_loss(1)  # one of the first packets: judged over a second's worth
         assert follower.expected_percent == 2
         assert fec_share(encoder, speech) > 0.5
@@ -129,7 +130,8 @@ async def test_a_loss_on_the_way_in_starts_copies_before_any_report(
 
 
 async def test_an_outage_on_the_way_in_starts_no_copies() -> None:
-    follower = LossAdaptiveFec(ReportingSender(), OpusEncoder(fec=True), ReceiveStats())
+    receive = AudioReceivePath(lambda frame: None)
+    follower = LossAdaptiveFec(ReportingSender(), OpusEncoder(fec=True), receive)
     follower.start()
     try:
         follower.on_receive_loss(100)  # a cut link, not loss FEC can bridge

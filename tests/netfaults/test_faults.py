@@ -225,8 +225,7 @@ async def test_loss_on_the_way_in_starts_fec_on_the_way_out_before_any_report(
                 await peer.source.finished.wait()
                 await peer.end()
     assert relay.to_server.stats.lost > 0 and relay.to_client.stats.lost == 0
-    with_fec = [at - impaired_at for at, fec in arrivals if fec]
-    assert with_fec, "the server never coded a copy for its clean way out"
+    assert any(fec for _, fec in arrivals), "the server never coded a copy for its clean way out"
     later = [fec for at, fec in arrivals if at - impaired_at > 2.0]
     # Copies are made for voiced frames only (not the pauses): a third of them at least.
     assert sum(later) >= len(later) / 3, f"{sum(later)} of {len(later)} packets with FEC"
