@@ -189,8 +189,11 @@ async def test_call_under_loss_and_jitter_stays_continuous_and_fast(
     for receive in (server_receive, client_receive):
         assert receive.concealed + receive.skipped > 0
     # Of the ~43 chirps sent, a chirp that a lost packet, its concealment or a stretch of
-    # time went through is often not found again: 18-28 came back over eight runs.
-    assert len(echoes) >= 15, "too few markers came back to measure the call"
+    # time went through is often not found again, nor one coded by SILK: FEC copies need
+    # SILK, and with copies from the first loss on (media/rtc/loss_feedback.py) most of the
+    # call is coded so, which smears a 5 ms chirp. 14-19 came back over eight runs (19-26
+    # while copies waited for the first receiver report).
+    assert len(echoes) >= 12, "too few markers came back to measure the call"
     assert rtt["rtt_ms_p95"] is not None and rtt["rtt_ms_p95"] <= 120, rtt
     # A packet lost at a word's onset is concealed from the pause before it (PLC cannot
     # know the word began), which one 20 ms frame can show as silence; on a loaded machine
