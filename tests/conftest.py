@@ -32,15 +32,22 @@ class RunningServer:
 
 
 @pytest.fixture
-def collected_first() -> None:
-    """Collect this process's garbage before a timing-sensitive call.
+def collected_first() -> Iterator[None]:
+    """Collect this process's garbage and freeze what is left, for a timing-sensitive call.
 
     These tests run the server, the caller and the relay on one event loop, in a process
     that earlier tests (torch models, thousands of fuzzed sessions) left a large heap: a
-    full collection mid-call stalls all of them at once for 100-300 ms, which a link
-    cannot do to a real server. Collecting first keeps that out of the measurement.
+    full collection mid-call walks all of it and stalls everything at once for 100-300 ms,
+    which a link cannot do to a real server. A real server freezes what start-up built
+    (``server.deploy.runner.freeze_startup_objects``); this does the same for the earlier
+    tests' heap while the call runs, and thaws it afterwards.
     """
     gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,8 @@ from peer.speech import SpeechFixture
 from tests.conftest import LOOPBACK, RunningServer
 from tests.resources import Resources, settled
 
+pytestmark = pytest.mark.usefixtures("collected_first")
+
 
 async def make_call(
     server: RunningServer, wav: Path, tmp_path: Path, engine: str, **kwargs: object
