@@ -21,6 +21,13 @@ that amount from the packets themselves; this is the same design, with its time 
 - A floor (one frame: less cannot be played) and a ceiling (beyond it, waiting costs more
   than the late audio is worth).
 
+Every packet of every call passes through here (twice on a transform's round trip: the
+receive path and the output cushion), so a packet costs O(1): the forgetting multiplies a
+running scale instead of every bucket, and the quantile walks from where it last was
+instead of summing the histogram (it moves a bucket or two per packet). Redone with a
+numpy pass over the histogram per packet, this was 10.6 us a packet, 5 % of an echo
+session's server CPU.
+
 Timestamps are RTP timestamps (32 bits, wrapping), unwrapped around the newest one seen, so
 a reordered packet has an earlier media time and counts with its full lateness; lost
 packets simply never count. Sequence numbers are not needed: the timestamp carries the
@@ -33,8 +40,6 @@ from __future__ import annotations
 
 from collections import deque
 
-import numpy as np
-
 CLOCK_RATE = 48_000
 TS_MOD = 1 << 32
 BUCKET_S = 0.01
@@ -45,6 +50,9 @@ FORGET_FACTOR = 0.983  # NetEq's, per packet: a memory of about 60 packets (1.2 
 FLOOR_S = 0.02  # one 20 ms frame
 CEILING_S = 0.5
 PEAK_HALF_LIFE_S = 0.5
+# The running scale is folded back into the weights before it underflows (a packet's weight
+# is divided by it): 0.983 ** 40000, some 13 minutes of 20 ms packets.
+RESCALE_BELOW = 1e-300
 
 
 class PlayoutDelayEstimator:
@@ -83,7 +91,13 @@ class PlayoutDelayEstimator:
         self._ceiling = ceiling
         self._half_life = peak_half_life
         self._bucket = bucket
-        self._histogram = np.zeros(max(1, round(HISTOGRAM_S / bucket)))
+        # The histogram is ``_weights`` times ``_scale`` (forgetting scales every bucket
+        # alike); its mass is 1 once the first packet is in. ``_index`` is the quantile's
+        # bucket as of the last packet, ``_below`` the weight of the buckets under it.
+        self._weights = [0.0] * max(1, round(HISTOGRAM_S / bucket))
+        self._scale = 1.0
+        self._index = 0
+        self._below = 0.0
         self._packets = 0
         self._newest: int | None = None  # the newest RTP timestamp seen, as sent...
         self._newest_unwrapped = 0  # ...and unwrapped
@@ -98,7 +112,7 @@ class PlayoutDelayEstimator:
         """Count one packet (RTP timestamp, arrival in seconds); return the new target."""
         transit = arrival - self._unwrap(timestamp) / self._clock_rate
         bucket = min(
-            int(self._relative_delay(arrival, transit) / self._bucket), len(self._histogram) - 1
+            int(self._relative_delay(arrival, transit) / self._bucket), len(self._weights) - 1
         )
         self._count(bucket)
         covered = (bucket + 1) * self._bucket
@@ -149,9 +163,36 @@ class PlayoutDelayEstimator:
     def _count(self, bucket: int) -> None:
         self._packets += 1
         keep = min(self._forget, 1 - 1 / self._packets)
-        self._histogram *= keep
-        self._histogram[bucket] += 1 - keep
+        if keep <= 0.0:  # the first packet: all the mass is its own
+            self._weights = [0.0] * len(self._weights)
+            self._scale, self._index, self._below = 1.0, 0, 0.0
+        else:
+            self._scale *= keep
+            if self._scale < RESCALE_BELOW:
+                self._rescale()
+        added = (1 - keep) / self._scale
+        self._weights[bucket] += added
+        if bucket < self._index:
+            self._below += added
+
+    def _rescale(self) -> None:
+        scale = self._scale
+        self._weights = [weight * scale for weight in self._weights]
+        self._below = sum(self._weights[: self._index])
+        self._scale = 1.0
 
     def _quantile_delay(self) -> float:
-        reached = np.searchsorted(np.cumsum(self._histogram), self._quantile)
-        return (int(reached) + 1) * self._bucket
+        """The upper edge of the first bucket where the histogram's mass reaches the
+        quantile (the mass is 1, so the quantile is the share of recent packets)."""
+        weights = self._weights
+        wanted = self._quantile / self._scale
+        index, below = self._index, self._below
+        while index > 0 and below >= wanted:  # the quantile lies lower
+            index -= 1
+            below -= weights[index]
+        last = len(weights) - 1
+        while index < last and below + weights[index] < wanted:  # ...or higher
+            below += weights[index]
+            index += 1
+        self._index, self._below = index, below
+        return (index + 1) * self._bucket

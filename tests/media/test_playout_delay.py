@@ -227,6 +227,38 @@ def test_the_quantile_sets_how_many_late_packets_are_covered() -> None:
         assert np.median(on_time) == pytest.approx(expected)
 
 
+def test_the_target_is_the_quantile_of_the_forgetting_histogram_over_a_long_call() -> None:
+    """Against the histogram computed in full at every packet (NetEq's definition): 15
+    minutes of a link that turns from calm to jittery and back, with 300 ms stragglers,
+    long enough for the running scale to be folded back into the weights. Every tenth
+    packet comes with no delay, so each packet's relative delay is its own delay; with the
+    peak's half-life near 0 the peak is the latest packet's bucket, held while packets sent
+    after a straggler arrive before it."""
+    rng = np.random.default_rng(5)
+    minutes = [calm(60, seed=m, jitter=0.019 if m % 2 else 0.005) for m in range(15)]
+    delays = np.concatenate(minutes) + (rng.random(45_000) < 0.01) * 0.3
+    delays[::10] = 0.0
+    bucket = 0.005
+    estimator = PlayoutDelayEstimator(peak_half_life=1e-9, floor=0.0, bucket=bucket)
+    histogram = np.zeros(round(1.0 / bucket))
+    peak, peak_at = 0.0, 0.0  # a straggler's peak holds until the packets sent after it
+    wrong = []
+    for k, delay in enumerate(delays):
+        arrival = k * SLOT + float(delay)
+        target = estimator.add(1_000 + FRAME * k, arrival)
+        keep = min(0.983, 1 - 1 / (k + 1))
+        histogram *= keep
+        own = int(delay / bucket)
+        histogram[own] += 1 - keep
+        quantile = (int(np.searchsorted(np.cumsum(histogram), 0.95)) + 1) * bucket
+        if arrival > peak_at or (own + 1) * bucket > peak:
+            peak, peak_at = (own + 1) * bucket, arrival
+        expected = min(CEILING_S, max(quantile, peak))
+        if abs(target - expected) > 1e-9:
+            wrong.append((k, target, expected))
+    assert not wrong, wrong[:5]
+
+
 @pytest.mark.parametrize(
     "settings",
     [
