@@ -22,9 +22,12 @@ from tests.browser.test_page import CHROMIUM, chromium
 from tests.conftest import running_server
 from tests.interop.signals import RATE, stepped_tone, tone_match
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="Debian's chromium is missing: `make test` installs it"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="Debian's chromium is missing: `make test` installs it"
+    ),
+    pytest.mark.usefixtures("collected_first"),
+]
 CALL_SECONDS = 6.0  # Chromium settles its playout in the first second or so: a few windows more
 TONE_SECONDS = 20.0
 MIN_CORRELATION = 0.9

@@ -30,6 +30,8 @@ from tests.integration.test_speak_call import PARAGRAPH, SILENCE_RMS, frame_rms,
 from tests.integration.test_transform_call import align_segments, assert_denoised
 from tests.server.test_workers import two_workers
 
+pytestmark = pytest.mark.usefixtures("collected_first")
+
 
 async def socket_call(
     server: RunningServer, wav: Path, tmp_path: Path, engine: str, **kwargs: object
