@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from media.engines.cosyvoice.batch_llm import SlotCache, decode_step, prefill
-from media.engines.cosyvoice.batcher import CosyVoiceBatcher, Utterance
+from media.engines.cosyvoice.batcher import GATHER_STEPS, CosyVoiceBatcher, Utterance
 from media.engines.cosyvoice.flow_batch import FlowHop, flow_mel_batch
 from media.engines.cosyvoice.flow_window import flow_mel
 from media.engines.cosyvoice.prompts import SpeakerPrompt, text_ids
@@ -171,6 +171,50 @@ def test_utterances_that_join_and_leave_speak_what_they_would_alone(
         assert np.isfinite(audio[index]).all() and np.abs(audio[index]).max() > 0
     tokens = sum(len(u.tokens) for u in utterances)
     assert batcher.steps - steps_before < 0.5 * tokens
+    assert batcher.active == 0
+
+
+@pytest.mark.parametrize(
+    ("lag", "shared"), [(1, True), (GATHER_STEPS, True), (GATHER_STEPS + 2, False)]
+)
+def test_first_hops_a_few_steps_apart_share_one_render(
+    speak_engine: CosyVoiceEngine, monkeypatch: pytest.MonkeyPatch, lag: int, shared: bool
+):
+    """Two callers saying the same thing, the second admitted ``lag`` steps after the first:
+    within ``GATHER_STEPS`` the first hop ready first waits for the other and one render
+    makes both; further apart, it does not wait (nobody waits more than a few steps)."""
+    batcher = speak_engine.batcher
+    assert batcher is not None
+    prompt = speakers(speak_engine)[0]
+    request = request_for(speak_engine, SENTENCE, prompt)
+    firsts_per_render: list[int] = []
+    render, step = batcher._render, batcher._step
+    second_queued = threading.Event()
+    steps = 0
+
+    def recording_render(utterances: list[Utterance]) -> None:
+        firsts_per_render.append(sum(1 for u in utterances if u.vocoded == 0))
+        render(utterances)
+
+    def step_then_hold() -> None:  # the worker stops after ``lag`` steps until B is queued
+        nonlocal steps
+        step()
+        steps += 1
+        if steps == lag:
+            second_queued.wait(10)
+
+    monkeypatch.setattr(batcher, "_render", recording_render)
+    monkeypatch.setattr(batcher, "_step", step_then_hold)
+    first = start(batcher, speak_engine, request, prompt, 1)
+    deadline = time.monotonic() + 10
+    while steps < lag and time.monotonic() < deadline:
+        time.sleep(0.001)
+    second = start(batcher, speak_engine, request, prompt, 2)
+    second_queued.set()
+    audio = read_all([first, second])
+    assert all(len(a) for a in audio)
+    assert (firsts_per_render[0] == 2) is shared, firsts_per_render
+    assert sum(firsts_per_render) == 2
     assert batcher.active == 0
 
 
