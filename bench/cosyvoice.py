@@ -1,7 +1,7 @@
 """CosyVoice2 speak engine: first-chunk latency and real-time factor at 1 to 16 streams.
 
     .venv/bin/python -m bench.cosyvoice MODEL_DIR [--device cpu|cuda] [--repeat 2]
-        [--triton-url HOST:PORT | --triton-standin]
+        [--triton-url HOST:PORT | --triton-standin] [--processes N]
 
 Runs the engine in-process (no WebRTC), sequential (each utterance alone in its own threads)
 and batched (one worker running every utterance's LLM steps and hops together), on the same
@@ -14,12 +14,19 @@ CosyVoice's official runtime) or ``--triton-standin`` (the repo's stand-in, star
 run), ``cosyvoice-triton`` gets rows of its own; its CPU column is this process's share. A
 second table times the flow per hop over a 12 s utterance, with the bounded left context
 against upstream's full recompute. Results go to bench/results/cosyvoice.json.
+
+``--processes N`` adds rows for the batched engine in N processes, as a server with one worker
+process per core runs it: each loads the model, the streams of a level are split evenly
+between them, and every process starts its share at the same moment (a barrier), so the
+batch workers run side by side on their own cores. CPU seconds per audio second add up all
+of them.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import os
 import platform
 import signal
@@ -54,6 +61,7 @@ FLOW_REPEATS = 2
 SPEECH_TOKENS = 6561
 TRITON_READY_S = 60.0
 STANDIN_STOP_S = 10.0
+WORKER_STOP_S = 10.0  # a --processes worker, after its last level
 
 
 def one_stream(engine: Any, seed: int, out: list[dict[str, float]]) -> None:
@@ -153,6 +161,90 @@ def flow_rows(engine: Any) -> list[dict[str, Any]]:
     ]
 
 
+def _share(streams: int, processes: int, index: int) -> int:
+    """How many of ``streams`` the process ``index`` of ``processes`` runs."""
+    return streams // processes + (1 if index < streams % processes else 0)
+
+
+def _process_worker(
+    model_dir: Path,
+    device: str,
+    index: int,
+    processes: int,
+    concurrency: list[int],
+    repeat: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """One process of ``--processes``: its share of every level, started at the barrier."""
+    engine = loader.load_speak({"model": model_dir, "device": device})
+    for streams in concurrency:
+        for run in range(repeat):
+            out: list[dict[str, float]] = []
+            barrier.wait()
+            cpu_began = time.process_time()
+            threads = [
+                threading.Thread(target=one_stream, args=(engine, run * 100 + index * 10 + i, out))
+                for i in range(_share(streams, processes, index))
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            results.put((streams, out, time.process_time() - cpu_began))
+    engine.close()
+
+
+def processes_rows(
+    model_dir: Path, device: str, processes: int, concurrency: list[int], repeat: int
+) -> list[dict[str, Any]]:
+    """The batched engine in ``processes`` processes, each level's streams split evenly."""
+    context = multiprocessing.get_context("spawn")  # torch's threads do not survive a fork
+    barrier = context.Barrier(processes + 1)
+    results = context.Queue()
+    workers = [
+        context.Process(
+            target=_process_worker,
+            args=(model_dir, device, i, processes, concurrency, repeat, barrier, results),
+        )
+        for i in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    rows = []
+    try:
+        for streams in concurrency:
+            first, rtf, audio, cpu = [], [], [], 0.0
+            for _ in range(repeat):
+                barrier.wait(timeout=600)
+                for _ in range(processes):
+                    _, out, seconds = results.get(timeout=600)
+                    cpu += seconds
+                    first += [r["first_ms"] for r in out]
+                    rtf += [r["rtf"] for r in out]
+                    audio += [r["audio_s"] for r in out]
+            rows.append(
+                {
+                    "mode": f"batched x{processes} processes",
+                    "streams": streams,
+                    "n": len(first),
+                    "first_chunk_ms_p50": percentile(first, 50),
+                    "first_chunk_ms_p95": percentile(first, 95),
+                    "rtf_p50": round(float(np.median(rtf)), 3),
+                    "rtf_max": round(max(rtf), 3),
+                    "audio_s": round(float(np.mean(audio)), 2),
+                    "cpu_s_per_audio_s": round(cpu / sum(audio), 3),
+                }
+            )
+            print(f"measured: {rows[-1]}", file=sys.stderr, flush=True)
+    finally:
+        for worker in workers:
+            worker.join(WORKER_STOP_S)
+            if worker.is_alive():
+                worker.terminate()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path)
@@ -161,6 +253,12 @@ def main() -> int:
     parser.add_argument("--streams", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--name", default="cosyvoice", help="results file: bench/results/NAME.json")
     parser.add_argument("--no-flow-table", action="store_true", help="skip the flow-per-hop table")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="also run the batched engine in this many processes, streams split evenly",
+    )
     triton = parser.add_mutually_exclusive_group()
     triton.add_argument(
         "--triton-url", help="also measure cosyvoice-triton against this server (HOST:PORT)"
@@ -181,6 +279,10 @@ def main() -> int:
         if url:
             engines["triton"] = stack.enter_context(triton_engine(url))
         rows = concurrency_rows(engines, args.streams, args.repeat)
+    if args.processes > 1:
+        rows += processes_rows(
+            args.model_dir, args.device, args.processes, args.streams, args.repeat
+        )
     columns = [
         "mode",
         "streams",
