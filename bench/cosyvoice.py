@@ -106,10 +106,14 @@ def streams_row(engine: Any, streams: int, repeat: int) -> dict[str, Any]:
             thread.start()
         for thread in threads:
             thread.join()
-    cpu = time.process_time() - cpu_began
+    return summary_row(streams, results, time.process_time() - cpu_began)
+
+
+def summary_row(streams: int, results: list[dict[str, float]], cpu: float) -> dict[str, Any]:
+    """One level's streams (``one_stream`` results) and the CPU seconds they took, as a row."""
     first = [r["first_ms"] for r in results]
     rtf = [r["rtf"] for r in results]
-    audio = sum(r["audio_s"] for r in results)
+    audio = [r["audio_s"] for r in results]
     return {
         "streams": streams,
         "n": len(results),
@@ -117,8 +121,8 @@ def streams_row(engine: Any, streams: int, repeat: int) -> dict[str, Any]:
         "first_chunk_ms_p95": percentile(first, 95),
         "rtf_p50": round(float(np.median(rtf)), 3),
         "rtf_max": round(max(rtf), 3),
-        "audio_s": round(float(np.mean([r["audio_s"] for r in results])), 2),
-        "cpu_s_per_audio_s": round(cpu / audio, 3),
+        "audio_s": round(float(np.mean(audio)), 2),
+        "cpu_s_per_audio_s": round(cpu / sum(audio), 3),
     }
 
 
@@ -214,28 +218,16 @@ def processes_rows(
     rows = []
     try:
         for streams in concurrency:
-            first, rtf, audio, cpu = [], [], [], 0.0
+            level: list[dict[str, float]] = []
+            cpu = 0.0
             for _ in range(repeat):
                 barrier.wait(timeout=600)
                 for _ in range(processes):
                     _, out, seconds = results.get(timeout=600)
                     cpu += seconds
-                    first += [r["first_ms"] for r in out]
-                    rtf += [r["rtf"] for r in out]
-                    audio += [r["audio_s"] for r in out]
-            rows.append(
-                {
-                    "mode": f"batched x{processes} processes",
-                    "streams": streams,
-                    "n": len(first),
-                    "first_chunk_ms_p50": percentile(first, 50),
-                    "first_chunk_ms_p95": percentile(first, 95),
-                    "rtf_p50": round(float(np.median(rtf)), 3),
-                    "rtf_max": round(max(rtf), 3),
-                    "audio_s": round(float(np.mean(audio)), 2),
-                    "cpu_s_per_audio_s": round(cpu / sum(audio), 3),
-                }
-            )
+                    level += out
+            mode = f"batched x{processes} processes"
+            rows.append({"mode": mode, **summary_row(streams, level, cpu)})
             print(f"measured: {rows[-1]}", file=sys.stderr, flush=True)
     finally:
         for worker in workers:

@@ -163,10 +163,7 @@ class PlayoutDelayEstimator:
     def _count(self, bucket: int) -> None:
         self._packets += 1
         keep = min(self._forget, 1 - 1 / self._packets)
-        if keep <= 0.0:  # the first packet: all the mass is its own
-            self._weights = [0.0] * len(self._weights)
-            self._scale, self._index, self._below = 1.0, 0, 0.0
-        else:
+        if keep > 0.0:  # not the first packet (that one has all the mass)
             self._scale *= keep
             if self._scale < RESCALE_BELOW:
                 self._rescale()
