@@ -36,6 +36,7 @@ async def make_call(
 
 SEGMENT = RTC_RATE  # realign every second
 SEARCH = RTC_RATE // 4
+STRETCHED_FLOOR = 0.5  # one second the output cushion stretched around a stall
 
 
 def align_segments(
@@ -66,6 +67,20 @@ def align_segments(
     return aligned, found
 
 
+def assert_speech_came_back(segments: list[tuple[int, float]], median: float, floor: float) -> None:
+    """Each second's correlation with what was sent: ``median`` overall, ``floor`` per second.
+
+    One second may fall below ``floor`` (not below ``STRETCHED_FLOOR``): when the machine
+    stalls the caller and the server together, the server's output cushion stretches the
+    audio around the late frame and sheds the stretch a moment later. That keeps the call's
+    timeline (no drop, no hole) but not the sample-exact waveform of that second.
+    """
+    correlations = sorted(corr for _, corr in segments)
+    assert np.median(correlations) >= median, f"normalised correlation per second: {segments}"
+    assert correlations[0] >= STRETCHED_FLOOR, segments
+    assert correlations[1] >= floor, f"more than one second changed: {segments}"
+
+
 def frame_levels_db(samples: np.ndarray) -> np.ndarray:
     frames = len(samples) // FRAME_SAMPLES
     power = np.mean(samples[: frames * FRAME_SAMPLES].reshape(frames, FRAME_SAMPLES) ** 2, axis=1)
@@ -75,10 +90,8 @@ def frame_levels_db(samples: np.ndarray) -> np.ndarray:
 async def test_echo_returns_what_was_sent(server: RunningServer, speech_wav: Path, tmp_path: Path):
     result = await make_call(server, speech_wav, tmp_path, "echo")
     _, segments = align_segments(result.sent, result.received)
-    correlations = [corr for _, corr in segments]
     # Opus "voip" high-passes the voice on both legs, which caps a low voice near 0.9.
-    assert np.median(correlations) >= 0.9, f"normalised correlation per second: {segments}"
-    assert min(correlations) >= 0.8, segments
+    assert_speech_came_back(segments, median=0.9, floor=0.8)
     assert len({lag for lag, _ in segments}) <= 3, f"audio was dropped repeatedly: {segments}"
     assert result.report.gaps == 0
     assert result.report.frames_received >= 0.9 * result.report.frames_sent
