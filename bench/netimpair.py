@@ -17,8 +17,12 @@ share this process, pinned to core 1. Per profile and server, a tone call and sp
 - speech (espeak sentences), ``--speech-calls`` calls: PESQ-WB (``pesq``, 16 kHz) of what
   came back against what was sent, aligned on the whole; the median is reported, with every
   call's score. One call's score is no measurement: with the same relay seed, calls of
-  the same code through 2 % loss + 30 ms jitter scored from 3.25 to 3.9, as the losses
-  fall on speech or on its pauses.
+  the same code through 2 % loss + 30 ms jitter scored from 2.9 to 3.9, as the losses
+  fall on speech or on its pauses. Each call also records what each leg's receive path
+  did to the audio (ours: the server's and the peer's counts of concealed packets, FEC
+  recoveries, late packets, and milliseconds expanded, accelerated and grown): PESQ-WB
+  (P.862.2) scores a 20 ms time shift inside an utterance, one late packet's expansion,
+  about as harshly as a lost packet, so a call's score follows these counts.
 
 ``--interrupts N`` then opens N Piper calls on our server with ``python -m server peer
 --say ... --interrupt-after S --json`` and reports interrupt-to-silence as the peer heard it.
@@ -74,6 +78,15 @@ TAIL_S = 1.0
 SAMPLE_EVERY_S = 0.05  # the playout delays, for the plot and the shed times
 SHED_WITHIN_MS = 10.0  # a spike's delay is shed once a leg is back within this of before
 PESQ_RATE = 16_000
+# What a receive path did to the audio of a call (``ReceiveStats`` fields), per leg.
+LEG_COUNTS = (
+    "concealed",
+    "recovered_fec",
+    "late_dropped",
+    "expanded_ms",
+    "accelerated_ms",
+    "preemptive_ms",
+)
 
 PROFILES: dict[str, Impairment] = {
     "clean": Impairment(),
@@ -124,13 +137,25 @@ async def sample_delays(
         trace.client.append((now, peer.receive.stats.delay_ms))
         if session_url is not None and now - polled >= 4 * SAMPLE_EVERY_S:
             polled = now
-            try:
-                async with http.get(session_url) as response:
-                    body = await response.json()
-                trace.server.append((time.monotonic(), float(body["receive"]["delay_ms"])))
-            except (aiohttp.ClientError, KeyError, ValueError):
-                pass
+            received = await server_receive(http, session_url)
+            if received is not None and "delay_ms" in received:
+                trace.server.append((time.monotonic(), float(received["delay_ms"])))
         await asyncio.sleep(SAMPLE_EVERY_S)
+
+
+async def server_receive(http: aiohttp.ClientSession, session_url: str) -> dict | None:
+    """Our server's receive stats of the session (``GET /sessions/{id}``), None if unread."""
+    try:
+        async with http.get(session_url) as response:
+            body = await response.json()
+        received = body["receive"]
+    except (aiohttp.ClientError, KeyError, TypeError, ValueError):
+        return None
+    return received if isinstance(received, dict) else None
+
+
+def leg_counts(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if stats is None else {key: stats.get(key) for key in LEG_COUNTS}
 
 
 async def relayed_call(
@@ -157,6 +182,7 @@ async def relayed_call(
             input_end = len(peer.recorder.timeline)
             await asyncio.sleep(TAIL_S)
             sampler.cancel()
+            server_leg = await server_receive(http, session_url) if session_url else None
             await peer.end()
         spikes = {"up": relay.to_server.spikes, "down": relay.to_client.spikes}
         stats = {"up": vars(relay.to_server.stats), "down": vars(relay.to_client.stats)}
@@ -168,6 +194,7 @@ async def relayed_call(
         "input_end": input_end,
         "spikes": spikes,
         "link_stats": stats,
+        "legs": {"server": leg_counts(server_leg), "client": leg_counts(vars(peer.receive.stats))},
     }
 
 
@@ -243,8 +270,8 @@ def speech_row(result: dict[str, Any]) -> dict[str, Any]:
         score = float(pesq(PESQ_RATE, reference, degraded, "wb"))
     except Exception as exc:  # pesq refuses audio it finds no speech in
         print(f"pesq failed: {exc}", file=sys.stderr)
-        return {"pesq_wb": None, "align_corr": round(corr, 3)}
-    return {"pesq_wb": round(score, 3), "align_corr": round(corr, 3)}
+        return {"pesq_wb": None, "align_corr": round(corr, 3), "legs": result["legs"]}
+    return {"pesq_wb": round(score, 3), "align_corr": round(corr, 3), "legs": result["legs"]}
 
 
 async def run_server(
@@ -256,13 +283,16 @@ async def run_server(
         toned = await relayed_call(url, tone(seconds), profile, ours, markers)
         row: dict[str, Any] = {"server": "ours" if ours else "stock", "profile": profile}
         row.update(tone_row(toned, markers))
-        scores = []
-        for _ in range(speech_calls):
-            spoken = await relayed_call(url, speech(seconds), profile, ours, None)
-            scores.append(speech_row(spoken).get("pesq_wb"))
+        spoken = [
+            speech_row(await relayed_call(url, speech(seconds), profile, ours, None))
+            for _ in range(speech_calls)
+        ]
+        scores = [call["pesq_wb"] for call in spoken]
         measured = [score for score in scores if score is not None]
         row["pesq_wb"] = round(statistics.median(measured), 3) if measured else None
+        row["pesq_wb_range"] = f"{min(measured)}-{max(measured)}" if measured else None
         row["pesq_wb_calls"] = scores
+        row["speech_calls"] = spoken
         row["trace"] = {
             "client": toned["trace"].client,
             "server": toned["trace"].server,
@@ -399,7 +429,7 @@ def main() -> int:
     rows = asyncio.run(calls(args))
     interrupted = interrupts(args.interrupts, args.interrupt_after) if args.interrupts else None
     columns = ["server", "profile", "holes", "longest_hole_ms", "silent_pct", "rtt_ms_p50"]
-    columns += ["rtt_ms_p95", "pesq_wb", "spikes", "shed_s_max"]
+    columns += ["rtt_ms_p95", "pesq_wb", "pesq_wb_range", "spikes", "shed_s_max"]
     print()
     print_table(rows, columns)
     if interrupted:
