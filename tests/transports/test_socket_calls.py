@@ -252,11 +252,21 @@ async def test_sockets_through_the_front_reach_a_worker_and_resume_on_its_owner(
             await asyncio.sleep(1.0)
             assert (frame_rms(second.received()) > 0.1).sum() > 25
             assert await second.end() == 200
-        await asyncio.sleep(0.5)
         async with aiohttp.ClientSession() as http:
             url = f"{front.url}sessions/{first.session_id}"
-            async with http.get(url) as response:
-                assert response.status == 404  # hung up: the session ended on its worker
+            # Hung up: the session ends on its worker, a moment after the socket closed.
+            assert await status_within(http, url, 404, timeout=5.0) == 404
+
+
+async def status_within(http: aiohttp.ClientSession, url: str, wanted: int, timeout: float) -> int:
+    """GET ``url`` until it answers ``wanted`` or ``timeout`` passes; the last status."""
+    deadline = time.monotonic() + timeout
+    while True:
+        async with http.get(url) as response:
+            status = response.status
+        if status == wanted or time.monotonic() >= deadline:
+            return status
+        await asyncio.sleep(0.1)
 
 
 async def test_the_token_rides_in_a_header_or_a_subprotocol_and_is_never_echoed(
