@@ -98,15 +98,17 @@ def streams_row(engine: Any, streams: int, repeat: int) -> dict[str, Any]:
     results: list[dict[str, float]] = []
     cpu_began = time.process_time()
     for run in range(repeat):
-        threads = [
-            threading.Thread(target=one_stream, args=(engine, run * 100 + i, results))
-            for i in range(streams)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_together(engine, [run * 100 + i for i in range(streams)], results)
     return summary_row(streams, results, time.process_time() - cpu_began)
+
+
+def run_together(engine: Any, seeds: list[int], out: list[dict[str, float]]) -> None:
+    """One utterance per seed, each in its own thread, all started at once; until all end."""
+    threads = [threading.Thread(target=one_stream, args=(engine, seed, out)) for seed in seeds]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def summary_row(streams: int, results: list[dict[str, float]], cpu: float) -> dict[str, Any]:
@@ -187,14 +189,8 @@ def _process_worker(
             out: list[dict[str, float]] = []
             barrier.wait()
             cpu_began = time.process_time()
-            threads = [
-                threading.Thread(target=one_stream, args=(engine, run * 100 + index * 10 + i, out))
-                for i in range(_share(streams, processes, index))
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            share = _share(streams, processes, index)
+            run_together(engine, [run * 100 + index * 10 + i for i in range(share)], out)
             results.put((streams, out, time.process_time() - cpu_began))
     engine.close()
 
