@@ -13,6 +13,7 @@ from aiohttp import web
 
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.engines.cosyvoice.prompts import text_ids
+from media.engines.cosyvoice.schedule import HopSchedule
 from media.engines.registry import EngineRegistry
 from media.pipeline.speak import SpeakPipeline
 from peer.call import PeerCall
@@ -155,7 +156,12 @@ async def test_a_prompt_clip_uploaded_over_http_clones_the_session_voice(
             await call.send({"type": "speak", "text": SENTENCE, "id": "cloned"})
             finished = await call.wait_for("speech_finished", 30, id="cloned")
             assert finished["interrupted"] is False
-            assert (state.prompt.flow.length + state.last_hops[0]) % 25 == 0
+            # the clip's prompt tokens count on the hop grid: the schedule reaches a grid
+            # line at its first or (after an early first hop) its second hop
+            prompt_tokens = state.prompt.flow.length
+            expected = HopSchedule(25, prompt_tokens)
+            assert state.last_hops == tuple(expected.next_hop() for _ in state.last_hops)
+            assert (prompt_tokens + sum(state.last_hops[:2])) % 25 == 0
     finally:
         await runner.cleanup()
 

@@ -10,12 +10,19 @@ import weakref
 
 import numpy as np
 import pytest
+import torch
 
 from media.engines.cosyvoice.flow_window import flow_mel
 from media.engines.cosyvoice.prompts import PromptError, text_ids
-from media.engines.cosyvoice.schedule import HopSchedule
+from media.engines.cosyvoice.schedule import HELD_TOKENS, HopSchedule
 from media.engines.cosyvoice.speak import SAMPLES_PER_TOKEN, CosyVoiceEngine
 from media.engines.cosyvoice.tokens import LlmFailed
+from media.engines.cosyvoice.vocoder import (
+    MEL_CACHE_FRAMES,
+    SAMPLES_PER_FRAME,
+    VocoderCache,
+    vocode,
+)
 from peer.speech import espeak
 from tests.cosyvoice.conftest import SENTENCE
 
@@ -46,29 +53,68 @@ def test_chunks_stream_before_the_utterance_is_done(either_engine: CosyVoiceEngi
     assert either_engine.active_streams == 0
 
 
-def test_chunked_flow_with_unbounded_context_equals_one_pass(speak_engine: CosyVoiceEngine):
+@pytest.mark.parametrize(("first_hop_tokens", "early"), [(16, False), (10, True)])
+def test_chunked_flow_with_unbounded_context_equals_one_pass(
+    speak_engine: CosyVoiceEngine, first_hop_tokens: int, early: bool
+):
     """The hop grid keeps the flow's chunk masks intact: joined hops equal a single pass.
 
     With ``context_tokens=None`` (upstream's full recompute) each hop's mel must match the
     whole utterance's mel: a hop ending off the 25-token grid, or a window start off it,
-    changes what the decoder's chunked attention sees.
+    changes what the decoder's chunked attention sees. The one exception is an early first
+    hop (30 prompt tokens: the grid line is 20 tokens in, too far after 10): its frames lack
+    the rest of their chunk, and the catch-up hop after it renders the frames the vocoder
+    still holds again, exactly; only the frames sent before those may differ.
     """
     model, engine_state = speak_engine.model, state_for(speak_engine, speaker="tiny-b")
     prompt, chunk = engine_state.prompt.flow, speak_engine.chunk
+    assert prompt.length == 30
     tokens = np.random.default_rng(0).integers(0, 6561, 80).astype(np.int32)
-    whole = flow_mel(model.flow, prompt, tokens, 0, len(tokens), True, None, chunk)
-    schedule, start, parts = HopSchedule(chunk, prompt.length), 0, []
-    lookahead = model.flow.pre_lookahead_len
+    whole = flow_mel(model.flow, prompt, tokens, 0, len(tokens), True, None, chunk).numpy()
+    schedule, start = HopSchedule(chunk, prompt.length, first_hop_tokens), 0
+    joined = np.full_like(whole, np.nan)
+    lookahead, hops = model.flow.pre_lookahead_len, 0
+
+    def place(first: int, mel: torch.Tensor) -> None:
+        joined[:, :, 2 * first : 2 * first + mel.shape[2]] = mel.numpy()
+
     while start + schedule.next_hop() + lookahead <= len(tokens):
-        end = start + schedule.taken[-1]
-        parts.append(
-            flow_mel(model.flow, prompt, tokens[: end + lookahead], start, end, False, None, chunk)
+        end, first = start + schedule.taken[-1], start - schedule.redo_tokens
+        place(
+            first,
+            flow_mel(model.flow, prompt, tokens[: end + lookahead], first, end, False, None, chunk),
         )
-        start = end
-    parts.append(flow_mel(model.flow, prompt, tokens, start, len(tokens), True, None, chunk))
-    joined = np.concatenate([p.numpy() for p in parts], axis=2)
-    assert len(parts) >= 3
-    np.testing.assert_allclose(joined, whole.numpy(), atol=1e-4)
+        start, hops = end, hops + 1
+    first = start - schedule.redo_tokens
+    place(first, flow_mel(model.flow, prompt, tokens, first, len(tokens), True, None, chunk))
+    assert hops >= 2 and (schedule.taken[0] == first_hop_tokens) is early
+    sent_early = 2 * (schedule.taken[0] - HELD_TOKENS) if early else 0
+    np.testing.assert_allclose(joined[:, :, sent_early:], whole[:, :, sent_early:], atol=1e-4)
+    assert np.isfinite(joined).all()
+
+
+def test_a_catch_up_hop_vocodes_its_new_rendering_of_the_held_frames(
+    speak_engine: CosyVoiceEngine,
+):
+    """After an early first hop the next mel starts with the held frames rendered again: the
+    vocoder uses those in place of its copy, over the held excitation, and crossfades from
+    the held audio, exactly as if the new frames had been held all along."""
+    hift = speak_engine.model.hift
+    early = torch.randn(1, 80, 20, generator=torch.Generator().manual_seed(1))
+    catch_up = torch.randn(1, 80, 38, generator=torch.Generator().manual_seed(2))
+    caches = [VocoderCache(), VocoderCache()]
+    for cache in caches:
+        torch.manual_seed(3)  # HiFT's source noise
+        sent = vocode(hift, cache, early, final=False)
+        assert len(sent) == (20 - MEL_CACHE_FRAMES) * SAMPLES_PER_FRAME
+    caches[0].replace_held_mel()
+    caches[1].mel = catch_up[:, :, :MEL_CACHE_FRAMES]  # as if held from the start
+    results = []
+    for cache, mel in zip(caches, (catch_up, catch_up[:, :, MEL_CACHE_FRAMES:]), strict=True):
+        torch.manual_seed(4)
+        results.append(vocode(hift, cache, mel, final=True))
+    np.testing.assert_array_equal(results[0], results[1])
+    assert len(results[0]) == 38 * SAMPLES_PER_FRAME
 
 
 def test_concurrent_sessions_keep_their_own_hop_schedules_and_caches(
@@ -77,9 +123,10 @@ def test_concurrent_sessions_keep_their_own_hop_schedules_and_caches(
     """Two sessions with different prompts synthesise at once, each on its own schedule.
 
     Upstream keeps the hop size on the model object all sessions share, so one session's
-    schedule leaks into the other's. Here session B (a 30-token prompt) must take 20 tokens
-    first and session A (no prompt) 25, with first_hop_tokens of 10 and 4, whatever runs
-    when; and each produces exactly the audio its own tokens call for.
+    schedule leaks into the other's. Here session B (a 30-token prompt, first_hop_tokens 4)
+    must take 20 tokens first (to the grid) and session A (no prompt, first_hop_tokens 10) 10
+    and then 15 (an early first hop, then up to the grid), whatever runs when; and each
+    produces exactly the audio its own tokens call for.
     """
     a = state_for(either_engine, speaker="tiny-a", first_hop_tokens=10)
     b = state_for(either_engine, speaker="tiny-b", first_hop_tokens=4)
@@ -104,7 +151,7 @@ def test_concurrent_sessions_keep_their_own_hop_schedules_and_caches(
     expected_b = HopSchedule(either_engine.chunk, 30, 4)
     assert a.last_hops == tuple(expected_a.next_hop() for _ in a.last_hops)
     assert b.last_hops == tuple(expected_b.next_hop() for _ in b.last_hops)
-    assert a.last_hops[0] == 25 and b.last_hops[0] == 20
+    assert a.last_hops[:2] == (10, 15) and b.last_hops[0] == 20
     assert seen_streams[id(a)].isdisjoint(seen_streams[id(b)])
     for state in (a, b):
         produced = sum(len(c) for c in results[id(state)])
@@ -216,8 +263,8 @@ def test_a_prompt_clip_is_analysed_once_and_clones_the_voice(either_engine: Cosy
     assert prompt.flow.embedding.shape == (1, 192) and prompt.text.size > 0
     produced = sum(len(c) for c in either_engine.synthesize(state, SENTENCE, threading.Event()))
     assert produced == expected_samples(either_engine, SENTENCE)
-    first_end = prompt.flow.length + state.last_hops[0]
-    assert first_end % either_engine.chunk == 0
+    grid_reached = prompt.flow.length + sum(state.last_hops[:2])  # see schedule.py
+    assert grid_reached % either_engine.chunk == 0
     with pytest.raises(PromptError):
         either_engine.set_prompt(state, clip[:1000], 16_000, "too short")
 

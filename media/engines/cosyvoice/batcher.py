@@ -291,8 +291,13 @@ class CosyVoiceBatcher:
             if final:
                 end = len(utterance.tokens)
             tokens = np.array(utterance.tokens, dtype=np.int32)
-            hops.append(FlowHop(utterance.prompt.flow, tokens, utterance.vocoded, end, final))
+            redo = utterance.schedule.redo_tokens if end > utterance.vocoded else 0
+            hops.append(
+                FlowHop(utterance.prompt.flow, tokens, utterance.vocoded - redo, end, final)
+            )
             finals.append(final)
+            if redo:
+                utterance.vocoder.replace_held_mel()
         try:
             with_tokens = [index for index, hop in enumerate(hops) if hop.end > hop.start]
             mels = [torch.zeros(1, MEL_BINS, 0, device=self.model.device) for _ in hops]

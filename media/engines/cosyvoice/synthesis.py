@@ -61,9 +61,12 @@ def stream_speech(
             tokens = stream.tokens.tokens()
             end = len(tokens)
         if end > start:
+            first = start - stream.schedule.redo_tokens
             mel = flow_mel(
-                model.flow, prompt.flow, tokens, start, end, not complete, context_tokens, chunk
+                model.flow, prompt.flow, tokens, first, end, not complete, context_tokens, chunk
             )
+            if first < start:
+                stream.vocoder.replace_held_mel()
         else:
             mel = torch.zeros(1, MEL_BINS, 0, device=model.device)
         stream.vocoded_tokens = end

@@ -33,6 +33,16 @@ class VocoderCache:
     source: torch.Tensor | None = None  # (1, 1, OVERLAP_SAMPLES)
     tail: np.ndarray | None = None  # (OVERLAP_SAMPLES,) rendered once, not yet sent
 
+    def replace_held_mel(self) -> None:
+        """The next chunk's mel begins with a new rendering of the held frames: use it.
+
+        For a hop whose held frames were rendered before their attention chunk was complete
+        (``schedule.py``): the next call renders the new frames in place of the held ones,
+        over the held excitation, and crossfades from the held audio, so the early
+        rendering hands over to the exact one without a seam.
+        """
+        self.mel = None
+
 
 def vocode(hift: Any, cache: VocoderCache, mel: torch.Tensor, final: bool) -> np.ndarray:
     """Render ``mel`` (1, 80, frames) after what ``cache`` holds; return the audio to send.
