@@ -107,6 +107,9 @@ class Capabilities:
     voice_prompt: bool = False
     # runs many sessions' hops as one model call (the tick scheduler drives it).
     batched: bool = False
+    # speak: ``synthesize`` computes on the engine's own worker (a batch thread, a remote
+    # server) and the calling thread only waits for its chunks.
+    own_compute: bool = False
     # speak: the languages it speaks (ISO 639 codes); text in other scripts is refused.
     languages: tuple[str, ...] = ()
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from media.engines.base import Capabilities
 from media.engines.testing import FakeSpeak, FaultState
 from media.pipeline.executor import NORMAL, URGENT, PriorityPool, SerialExecutor
 from media.pipeline.speak.stats import SpeakStats
@@ -125,3 +126,63 @@ async def test_chunks_the_listener_waits_for_are_urgent_and_later_ones_are_not()
     assert len(made) > held_for + 2
     assert chunk_calls[:held_for] == [URGENT] * held_for
     assert set(chunk_calls[held_for:]) == {NORMAL}
+
+
+def test_calls_that_wait_on_work_done_elsewhere_leave_the_engine_threads_free() -> None:
+    """Three sessions' calls wait for another worker at once while the one engine thread
+    still runs a fourth session's call; a session's own calls stay in order, one at a time."""
+    pool = PriorityPool(1)
+    release = threading.Event()
+    started: list[str] = []
+
+    def wait_elsewhere(name: str) -> str:
+        started.append(name)
+        release.wait(LIMIT)
+        return name
+
+    waiting = [SerialExecutor(pool).submit_waiting(wait_elsewhere, str(i)) for i in range(3)]
+    assert pool.submit(lambda: "computed").result(LIMIT) == "computed"
+    deadline = time.monotonic() + LIMIT
+    while len(started) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert sorted(started) == ["0", "1", "2"]  # all three at once, none queued behind another
+    session = SerialExecutor(pool)
+    order: list[str] = []
+    after = session.submit(order.append, "after the wait")
+    release.set()
+    assert [future.result(LIMIT) for future in waiting] == ["0", "1", "2"]
+    mine = SerialExecutor(pool)
+    steps = [mine.submit_waiting(order.append, "a"), mine.submit(order.append, "b")]
+    steps.append(mine.submit_waiting(order.append, "c"))
+    for future in (after, *steps):
+        future.result(LIMIT)
+    pool.shutdown()
+    assert order[0] == "after the wait" and order[1:] == ["a", "b", "c"]
+
+
+async def test_a_speaker_whose_engine_computes_elsewhere_needs_no_engine_thread() -> None:
+    """An engine that computes on its own worker (``own_compute``): the bridge waits for its
+    chunks on the waiting threads, so it speaks while every engine thread is taken."""
+    engine = FakeSpeak()
+    engine.capabilities = Capabilities(own_compute=True)
+    pool, release = blocked_pool()
+    made: list[np.ndarray] = []
+    bridge = SynthesisBridge(
+        engine,
+        SerialExecutor(pool),
+        SpeakStats(),
+        lambda utterance, chunk, spent: made.append(chunk),
+        waiting=lambda utterance: False,
+    )
+    utterance = Utterance("u1")
+    utterance.add("A short sentence.")
+    utterance.close()
+    state = FaultState(
+        {"fail_after": -1, "failures": 0, "delay_ms": 0.0, "hang_after": -1, "hang_seconds": 0}
+    )
+    try:
+        await asyncio.wait_for(bridge.speak(utterance, state), LIMIT)
+    finally:
+        release.set()
+        pool.shutdown()
+    assert len(made) > 3

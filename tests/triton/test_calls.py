@@ -79,12 +79,11 @@ async def test_eight_calls_at_once_each_hear_their_own_text(served: Served):
     """Eight sessions speak at the same moment: eight streams on one channel, and every
     caller hears the tone of its own text, not a neighbour's.
 
-    A stream waiting for audio holds an engine thread (``synthesize`` is a blocking
-    generator), so the server gets a thread per call here, as a node serving this engine
-    should have (``--engine-threads``).
+    The engine computes on the Triton server (``own_compute``): a stream waiting for audio
+    waits on the pool's waiting threads, so one engine thread serves all eight.
     """
     texts = [f"Caller {n} would like to hear about the weather." for n in range(8)]
-    async with running_server(served.registry, engine=ENGINE, engine_threads=8) as server:
+    async with running_server(served.registry, engine=ENGINE, engine_threads=1) as server:
         calls = [PeerCall(server.url, silence(15), engine=ENGINE, options=OPTIONS) for _ in texts]
         try:
             await asyncio.gather(*(call.connect() for call in calls))

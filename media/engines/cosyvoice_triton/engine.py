@@ -82,7 +82,7 @@ class CosyVoiceTritonEngine(SpeakEngine[TritonSpeakState]):
             delay_ms=0.0,
             description="CosyVoice2 on a Triton server (the official runtime), streamed over "
             "gRPC, with zero-shot voice cloning.",
-            capabilities=Capabilities(voice_prompt=True, languages=LANGUAGES),
+            capabilities=Capabilities(voice_prompt=True, languages=LANGUAGES, own_compute=True),
             option_specs=(
                 OptionSpec(
                     "speaker",

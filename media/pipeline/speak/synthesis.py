@@ -65,12 +65,13 @@ class SynthesisBridge:
                 utterance, lambda: self._engine.synthesize_pieces(state, pieces, self.cancel)
             )
             return
+        elsewhere = self._engine.capabilities.own_compute
         while not self.cancel.is_set():
             sentence = await utterance.next_sentence()
             if sentence is None or self.cancel.is_set():
                 return
             self._stats.sentences += 1
-            await self._stream(utterance, self._sentence_synthesis(state, sentence))
+            await self._stream(utterance, self._sentence_synthesis(state, sentence), elsewhere)
 
     def _sentence_synthesis(self, state: Any, sentence: str) -> Callable[[], Iterator[np.ndarray]]:
         return lambda: self._engine.synthesize(state, sentence, self.cancel)
@@ -86,10 +87,15 @@ class SynthesisBridge:
             yield sentence
 
     async def _stream(
-        self, utterance: Utterance, start: Callable[[], Iterator[np.ndarray]]
+        self,
+        utterance: Utterance,
+        start: Callable[[], Iterator[np.ndarray]],
+        elsewhere: bool = False,
     ) -> None:
         """Drive the synthesis ``start`` makes, a chunk per engine call, pausing when far
-        ahead; stop on cancel. The iterator is made and closed on the engine queue too."""
+        ahead; stop on cancel. The iterator is made and closed on the engine queue too; with
+        ``elsewhere`` (the engine computes on its own worker) its chunks are waited for on
+        the pool's waiting threads, not on an engine thread."""
         chunks: list[Iterator[np.ndarray]] = []
 
         def step() -> tuple[np.ndarray | None, float]:
@@ -102,10 +108,12 @@ class SynthesisBridge:
         made = 0
         try:
             while True:
-                priority = URGENT if self._waiting(utterance) else NORMAL
-                chunk, spent = await asyncio.wrap_future(
-                    self._engine_calls.submit_at(priority, step)
-                )
+                if elsewhere:
+                    call = self._engine_calls.submit_waiting(step)
+                else:
+                    priority = URGENT if self._waiting(utterance) else NORMAL
+                    call = self._engine_calls.submit_at(priority, step)
+                chunk, spent = await asyncio.wrap_future(call)
                 self._stats.synthesis_seconds += spent
                 if chunk is None or self.cancel.is_set():
                     return
