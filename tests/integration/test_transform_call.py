@@ -197,5 +197,7 @@ async def test_peer_also_calls_a_stock_aiortc_examples_server(speech_wav: Path, 
     assert result.report.ok, result.report.error
     assert result.report.session_id is None
     assert result.report.rtt_ms_p50 is not None
-    _, corr = align(result.sent, result.received, max_lag=RTC_RATE // 2)
-    assert corr >= 0.8
+    # Aligned a second at a time: stock aiortc's jitter buffer shifts the rest of the call
+    # when a stall of this machine makes it drop or wait (whole-call alignment: 0.78 once).
+    _, segments = align_segments(result.sent, result.received)
+    assert np.median([corr for _, corr in segments]) >= 0.8, segments
