@@ -15,8 +15,8 @@ Two rules, each with its own class:
 A call that only waits for work done elsewhere (a chunk from an engine's own batch worker or
 from a remote server) goes to the pool's *waiting* threads instead (``submit_waiting``): held
 on an engine thread, it would keep other sessions from even handing that worker their
-utterances (with two engine threads, eight callers of a batched engine were served in pairs,
-first audio 155 / 277 / 605 / 965 ms instead of together).
+utterances (two engine threads, eight callers of a Triton runtime that takes 200 ms to first
+audio: all heard it at ~825 ms, against ~223 ms with the waits off the engine threads).
 """
 
 from __future__ import annotations
