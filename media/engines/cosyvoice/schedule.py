@@ -46,21 +46,18 @@ class HopSchedule:
     first_min: int = FIRST_HOP_MIN_TOKENS
     max_chunks: int = MAX_HOP_CHUNKS
     taken: list[int] = field(default_factory=list)
-    _catching_up: bool = False
 
     def next_hop(self) -> int:
         """The size of the next hop, recorded in ``taken``."""
         done = self.prompt_tokens + sum(self.taken)
-        off_grid = done % self.chunk
-        self._catching_up = bool(self.taken) and off_grid != 0
-        if self._catching_up:
-            hop = self.chunk - off_grid
-        elif not self.taken:
+        if not self.taken:
             to_grid = -(-(done + self.first_min) // self.chunk) * self.chunk - done
             early = self.first_min > HELD_TOKENS and to_grid > self.first_min + GRID_SLACK_TOKENS
             hop = self.first_min if early else to_grid
+        elif done % self.chunk:  # the first hop ended early: catch up to the grid
+            hop = self.chunk - done % self.chunk
         else:
-            caught_up = (self.prompt_tokens + self.taken[0]) % self.chunk != 0
+            caught_up = self._off_grid(self.taken[:1])
             doubling = len(self.taken) - 1 - caught_up
             hop = self.chunk * min(2**doubling, self.max_chunks)
         self.taken.append(hop)
@@ -69,4 +66,8 @@ class HopSchedule:
     @property
     def redo_tokens(self) -> int:
         """Tokens before the hop last taken whose frames it must render again (see above)."""
-        return HELD_TOKENS if self._catching_up else 0
+        return HELD_TOKENS if len(self.taken) > 1 and self._off_grid(self.taken[:-1]) else 0
+
+    def _off_grid(self, hops: list[int]) -> bool:
+        """Whether ``hops``, taken from the utterance's start, end inside an attention chunk."""
+        return (self.prompt_tokens + sum(hops)) % self.chunk != 0
