@@ -37,6 +37,11 @@ pytestmark = pytest.mark.usefixtures("collected_first")
 
 MARKER_INTERVAL_S = 0.25  # four RTT samples a second; still twice the largest RTT expected
 TAIL_S = 1.0  # recording after the input ends, so its last markers come back
+# Below the probe's default (0.6): on a lossy link most of the call is coded by SILK (FEC
+# copies need it), which smears a 5 ms chirp. With 5 % loss and 30 ms jitter, of 47
+# markers 13-21 scored 0.6 or more over five runs, 43-45 scored 0.5, and all of those
+# paired with an RTT of 59-79 ms; at 0.3 a false detection appeared (an 18 ms "RTT").
+DETECT_THRESHOLD = 0.5
 # Output frame levels (dBFS): below SILENT_DB nothing is playing; input frames above
 # SPEECH_DB are speech (the fixture's sentences peak at -6 dBFS, its pauses are zeros).
 SILENT_DB = -60.0
@@ -75,7 +80,7 @@ def marker_echoes(markers: ChirpInserter, peer: PeerCall) -> list[MarkerEcho]:
     sent_times = [peer.source.timeline.time_of(s) for s in sent]
     used: set[int] = set()
     echoes: list[MarkerEcho] = []
-    for found in detect_markers(peer.received(), markers.template):
+    for found in detect_markers(peer.received(), markers.template, DETECT_THRESHOLD):
         arrived = peer.recorder.timeline.time_of(found)
         i = bisect.bisect_right(sent_times, arrived) - 1
         if i < 0 or i in used or arrived - sent_times[i] > markers.interval_s:
@@ -175,7 +180,13 @@ async def test_call_under_loss_and_jitter_stays_continuous_and_fast(
 
     up, down = relay.to_server.stats, relay.to_client.stats
     rtt = summarize(
-        marker_rtts(markers, peer.source.timeline, peer.received(), peer.recorder.timeline)
+        marker_rtts(
+            markers,
+            peer.source.timeline,
+            peer.received(),
+            peer.recorder.timeline,
+            threshold=DETECT_THRESHOLD,
+        )
     )
     echoes = marker_echoes(markers, peer)
     holes = speech_holes(peer.sent(), peer.received(), echoes)
@@ -188,12 +199,9 @@ async def test_call_under_loss_and_jitter_stays_continuous_and_fast(
     assert relay.unknown_source == 0
     for receive in (server_receive, client_receive):
         assert receive.concealed + receive.skipped > 0
-    # Of the ~43 chirps sent, a chirp that a lost packet, its concealment or a stretch of
-    # time went through is often not found again, nor one coded by SILK: FEC copies need
-    # SILK, and with copies from the first loss on (media/rtc/loss_feedback.py) most of the
-    # call is coded so, which smears a 5 ms chirp. 14-19 came back over eight runs (19-26
-    # while copies waited for the first receiver report).
-    assert len(echoes) >= 12, "too few markers came back to measure the call"
+    # Of the 47 chirps sent, one that a lost packet, its concealment or a stretch of time
+    # went through may not be found again (43-45 came back over five runs).
+    assert len(echoes) >= 30, "too few markers came back to measure the call"
     assert rtt["rtt_ms_p95"] is not None and rtt["rtt_ms_p95"] <= 120, rtt
     # A packet lost at a word's onset is concealed from the pause before it (PLC cannot
     # know the word began), which one 20 ms frame can show as silence; on a loaded machine
