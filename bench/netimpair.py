@@ -90,6 +90,8 @@ LEG_COUNTS = (
 
 PROFILES: dict[str, Impairment] = {
     "clean": Impairment(),
+    "loss2": Impairment(loss=0.02),
+    "jitter30": Impairment(jitter_ms=30.0),
     "loss2_jitter30": Impairment(loss=0.02, jitter_ms=30.0),
     "loss5_jitter50": Impairment(loss=0.05, jitter_ms=50.0),
     "burst_loss": Impairment(burst_loss=0.01, burst_packets=(3, 6)),
