@@ -31,7 +31,7 @@ code copies from the start on a lossy profile, at ``FEC_PERCENT``). It is for co
 versions of the playout code and for finding out why a live figure is what it is. Against
 ``bench.netimpair``'s live medians it came within 0.05-0.25 of PESQ-WB on every profile
 (clean 4.13 / 4.09 live, loss2_jitter30 3.58 / 3.40-3.65 over four live runs,
-loss5_jitter50 2.79 / 2.89, wifi_spikes 1.36 / 1.32), and its delay within 3-6 ms of the
+loss5_jitter50 2.79 / 2.89, wifi_spikes 1.36 / 1.32), and its delay 2-8 ms under the
 live round trip. On profiles with delay spikes the one alignment of the whole call cannot
 follow the delay, and the delay figure means nothing there.
 Results: a table and ``bench/results/playout_sim.json``.
