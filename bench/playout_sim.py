@@ -131,6 +131,8 @@ class EchoCall:
 
 
 def simulate(audio: np.ndarray, impairment: Impairment, seed: int) -> EchoCall:
+    """Echo ``audio`` (48 kHz mono) through both legs impaired alike; ``seed`` draws both
+    links' fates."""
     loop = VirtualLoop()
     lossy = impairment.loss > 0 or impairment.burst_loss > 0
     call = EchoCall()
@@ -162,6 +164,8 @@ def simulate(audio: np.ndarray, impairment: Impairment, seed: int) -> EchoCall:
         up.submit(functools.partial(server.receive, index, index * FRAME_SAMPLES, payload))
     loop.run_until(START_S + frames * FRAME_SAMPLES / RTC_RATE + DRAIN_S)
     call.server, call.client = server.stats, client.stats
+    server.close()
+    client.close()
     return call
 
 
