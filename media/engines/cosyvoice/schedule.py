@@ -50,12 +50,13 @@ class HopSchedule:
     def next_hop(self) -> int:
         """The size of the next hop, recorded in ``taken``."""
         done = self.prompt_tokens + sum(self.taken)
+        off_grid = done % self.chunk
         if not self.taken:
             to_grid = -(-(done + self.first_min) // self.chunk) * self.chunk - done
             early = self.first_min > HELD_TOKENS and to_grid > self.first_min + GRID_SLACK_TOKENS
             hop = self.first_min if early else to_grid
-        elif done % self.chunk:  # the first hop ended early: catch up to the grid
-            hop = self.chunk - done % self.chunk
+        elif off_grid:  # the first hop ended early: catch up to the grid
+            hop = self.chunk - off_grid
         else:
             caught_up = self._off_grid(self.taken[:1])
             doubling = len(self.taken) - 1 - caught_up
