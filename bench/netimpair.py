@@ -257,23 +257,43 @@ def _marker_sent_times(markers: ChirpInserter, peer: PeerCall) -> list[float]:
     return [timeline.time_of(s) for s in markers.marker_starts if s + length <= len(timeline)]
 
 
-def speech_row(result: dict[str, Any]) -> dict[str, Any]:
-    peer: PeerCall = result["peer"]
-    sent = soxr.resample(peer.sent(), RTC_RATE, PESQ_RATE).astype(np.float32)
-    received = soxr.resample(peer.received(), RTC_RATE, PESQ_RATE).astype(np.float32)
-    skip = int((result["impaired_from"] / RTC_RATE + SETTLE_S) * PESQ_RATE)
-    reference = sent[skip:]
-    if len(received) < len(reference) // 2 or not len(reference):
-        return {"pesq_wb": None}
-    lag, corr = align(reference, received[skip:], max_lag=PESQ_RATE)
-    degraded = received[skip + max(lag, 0) :][: len(reference)]
+@dataclass(frozen=True)
+class EchoScore:
+    """PESQ-WB of echoed speech (None: ``pesq`` found no speech in it), and how the echo was
+    aligned to what was sent: its lag in ``PESQ_RATE`` samples, and the correlation there."""
+
+    pesq_wb: float | None
+    lag: int
+    corr: float
+
+
+def echo_score(sent: np.ndarray, received: np.ndarray, skip_s: float) -> EchoScore | None:
+    """Score ``received`` against ``sent`` (both 48 kHz mono) from ``skip_s`` on, the whole
+    of it aligned at one lag; None when less than half of it came back."""
+    reference = soxr.resample(sent, RTC_RATE, PESQ_RATE).astype(np.float32)
+    heard = soxr.resample(received, RTC_RATE, PESQ_RATE).astype(np.float32)
+    skip = int(skip_s * PESQ_RATE)
+    reference = reference[skip:]
+    if len(heard) < len(reference) // 2 or not len(reference):
+        return None
+    lag, corr = align(reference, heard[skip:], max_lag=PESQ_RATE)
+    degraded = heard[skip + max(lag, 0) :][: len(reference)]
     reference = reference[max(-lag, 0) :][: len(degraded)]
     try:
-        score = float(pesq(PESQ_RATE, reference, degraded, "wb"))
+        score: float | None = float(pesq(PESQ_RATE, reference, degraded, "wb"))
     except Exception as exc:  # pesq refuses audio it finds no speech in
         print(f"pesq failed: {exc}", file=sys.stderr)
-        return {"pesq_wb": None, "align_corr": round(corr, 3), "legs": result["legs"]}
-    return {"pesq_wb": round(score, 3), "align_corr": round(corr, 3), "legs": result["legs"]}
+        score = None
+    return EchoScore(score, lag, corr)
+
+
+def speech_row(result: dict[str, Any]) -> dict[str, Any]:
+    peer: PeerCall = result["peer"]
+    scored = echo_score(peer.sent(), peer.received(), result["impaired_from"] / RTC_RATE + SETTLE_S)
+    if scored is None:
+        return {"pesq_wb": None}
+    score = None if scored.pesq_wb is None else round(scored.pesq_wb, 3)
+    return {"pesq_wb": score, "align_corr": round(scored.corr, 3), "legs": result["legs"]}
 
 
 async def run_server(

@@ -50,17 +50,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import soxr
-from pesq import pesq
 
 from bench.common import print_table, write_results
-from bench.netimpair import PESQ_RATE, PROFILES, SETTLE_S, speech
+from bench.netimpair import LEG_COUNTS, PESQ_RATE, PROFILES, SETTLE_S, echo_score, speech
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.opus import OpusEncoder
 from media.pipeline.base import ReceiveStats
 from media.rtc.receive import AudioReceivePath
 from peer.filetracks import PEER_BITRATE
-from peer.probe import align
 from server.sessions.manager import DEFAULT_BITRATE
 from tests.netfaults.relay import Impairment, Link
 
@@ -68,7 +65,6 @@ START_S = 1.0  # virtual time of the first packet
 DRAIN_S = 2.0  # virtual time run after the last packet is sent
 FEC_PERCENT = 5  # the loss both encoders plan for on a lossy profile
 SERVER_COMPLEXITY = 4  # server.sessions.manager.opus_encoder_for's default
-LEG_COUNTS = ("late_dropped", "concealed", "recovered_fec", "expanded_ms", "accelerated_ms")
 
 
 class _Timer:
@@ -172,22 +168,17 @@ def simulate(audio: np.ndarray, impairment: Impairment, seed: int) -> EchoCall:
 def measure(audio: np.ndarray, call: EchoCall) -> dict[str, Any]:
     """PESQ-WB of what the peer played against ``audio``, and the mouth-to-ear delay."""
     played = np.concatenate(call.played) if call.played else np.zeros(0, np.float32)
-    sent = soxr.resample(audio, RTC_RATE, PESQ_RATE).astype(np.float32)
-    heard = soxr.resample(played, RTC_RATE, PESQ_RATE).astype(np.float32)
-    skip = int(SETTLE_S * PESQ_RATE)
-    reference = sent[skip:]
-    lag, _ = align(reference, heard[skip:], max_lag=PESQ_RATE)
-    degraded = heard[skip + max(lag, 0) :][: len(reference)]
-    reference = reference[max(-lag, 0) :][: len(degraded)]
-    score = float(pesq(PESQ_RATE, reference, degraded, "wb"))
+    scored = echo_score(audio, played, SETTLE_S)
+    if scored is None or scored.pesq_wb is None:
+        raise RuntimeError("no speech came back from the simulated call")
     # Frame j of what was played starts at played sample j * FRAME_SAMPLES, which carries
     # sent sample j * FRAME_SAMPLES - lag (at 48 kHz), sent at START_S + that / RTC_RATE.
-    lag_48k = lag * RTC_RATE / PESQ_RATE
+    lag_48k = scored.lag * RTC_RATE / PESQ_RATE
     starts = np.arange(len(call.played_at)) * FRAME_SAMPLES - lag_48k
     delays = np.asarray(call.played_at) - (START_S + starts / RTC_RATE)
     audible = starts >= 0
     delay_ms = round(float(np.median(delays[audible])) * 1000, 1) if audible.any() else None
-    return {"pesq_wb": round(score, 3), "delay_ms": delay_ms}
+    return {"pesq_wb": round(scored.pesq_wb, 3), "delay_ms": delay_ms}
 
 
 def leg_counts(stats: ReceiveStats) -> dict[str, float]:
