@@ -30,9 +30,11 @@ from aiortc.rtp import RtpPacket
 
 from media.audio.delay_control import TOLERATED_EXCESS_S
 from media.audio.opus import Application, OpusDecoder, OpusEncoder, OpusError, packet_has_fec
+from media.rtc import receive
 from media.rtc.compat import install_receive_path as install
 from media.rtc.receive import (
     BURST_ALLOWANCE_S,
+    DEADLINE_HEADROOM_S,
     IDLE_AFTER_S,
     MAX_BUFFER_S,
     MAX_CONCEALED_FRAMES,
@@ -529,6 +531,61 @@ class TestLoss:
             quietest.append(float(np.sqrt((windows**2).mean(axis=1)).min()))
         tone_rms = 0.3 / np.sqrt(2)
         assert min(quietest) >= tone_rms / 10, 20 * np.log10(min(quietest) / tone_rms)
+
+    def test_after_a_loss_a_stream_with_fec_holds_a_frame_so_copies_come_in_time(
+        self, with_fec: list[bytes]
+    ):
+        """Without the hold a lost packet's copy comes with the next packet, a slot late, and
+        the rebuilt frame is handed on late (the next leg of an echo takes that for jitter);
+        once a loss has shown the link loses, the path plays a frame later and the next lost
+        packet is rebuilt from its copy in its own slot."""
+        fec_around = [
+            k for k in range(30, len(with_fec) - 1)
+            if packet_has_fec(with_fec[k - 1]) and packet_has_fec(with_fec[k + 1])
+        ]  # fmt: skip
+        first, second = fec_around[0], next(k for k in fec_around if k >= fec_around[0] + 60)
+        link = Link(with_fec)
+        link.send_all([k for k in range(first + 40) if k != first])
+        gaps = np.diff(link.released_at)
+        assert gaps[first - 1] == pytest.approx(2 * SLOT)  # the first copy: handed on late
+        hold = 1000 * (SLOT + DEADLINE_HEADROOM_S)
+        assert link.path.stats.margin_ms == pytest.approx(hold)
+        assert link.path.stats.delay_ms == pytest.approx(hold, abs=1.0)
+
+        handed = len(link.released_at)
+        link.send_all([k for k in range(first + 40, second + 20) if k != second])
+        assert ("fec", second + 1) in link.concealments
+        after = np.diff(link.released_at[handed - 1 :])
+        assert after == pytest.approx(np.full(len(after), SLOT))  # the second: in its slot
+
+    def test_the_hold_ends_once_the_link_stops_losing(
+        self, with_fec: list[bytes], monkeypatch: pytest.MonkeyPatch
+    ):
+        monkeypatch.setattr(receive, "LOSS_HOLD_S", 1.0)
+        lost = next(k for k in range(30, len(with_fec) - 1) if packet_has_fec(with_fec[k + 1]))
+        link = Link(with_fec)
+        link.send_all([k for k in range(lost + 30) if k != lost])
+        assert link.path.stats.margin_ms > 20.0
+        link.send_all(range(lost + 30, lost + 100))  # 1.4 s without a loss
+        assert link.path.stats.margin_ms == 0.0
+        assert abs(link.path.stats.delay_ms) <= 1.0
+
+    def test_a_packet_that_was_only_late_is_no_loss_to_hold_for(self, with_fec: list[bytes]):
+        late = next(k for k in range(30, len(with_fec) - 1) if packet_has_fec(with_fec[k + 1]))
+        link = Link(with_fec)
+        link.send_all(range(late))
+        link.send(late + 1)
+        link.send(late, at=(late + 1) * SLOT + 0.008)  # after its copy stood in for it
+        link.send_all(range(late + 2, late + 40))
+        assert link.path.stats.late_dropped == 1
+        assert link.path.stats.margin_ms == 0.0
+        assert abs(link.path.stats.delay_ms) <= 1.0
+
+    def test_a_stream_without_fec_does_not_hold_after_a_loss(self, tone: list[bytes]):
+        link = Link(tone)
+        link.send_all([k for k in range(100) if k not in (20, 50)])
+        assert link.path.stats.margin_ms == 0.0
+        assert abs(link.delays[-1]) <= 1.0
 
     def test_a_packet_from_a_skipped_burst_that_turns_up_is_dropped(self, plain: list[bytes]):
         link = Link(plain)
