@@ -105,8 +105,9 @@ DEADLINE_HEADROOM_S = 0.002
 # 4.00 @ 56.9, 2 % loss + 0-30 ms jitter 3.58 @ 61.1 -> 3.96 @ 71.8; a clean link, 0-30 ms
 # jitter alone and 5 % loss + 0-50 ms jitter (whose target holds more already) unchanged.
 # Live, bench.netimpair on 2 % loss + 0-30 ms jitter (8 calls each, one run after the
-# other): 3.35 -> 3.74, round trip p50 72 -> 83 ms. NetEq works at about this level anyway: it decodes a copy only when the next packet is in
-# its buffer. A link that has stopped losing sheds the frame again after this long.
+# other): 3.35 -> 3.74, round trip p50 72 -> 83 ms. NetEq works at about this level
+# anyway: it decodes a copy only when the next packet is in its buffer. A link that has
+# stopped losing sheds the frame again after this long.
 LOSS_HOLD_S = 10.0
 PLC_QUANTUM = RTC_RATE // 400  # libopus conceals in 2.5 ms steps
 IDLE_AFTER_S = 1.0  # no packet for this long, with the expansion faded out: stop the slots
