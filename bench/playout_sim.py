@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import print_table, write_results
-from bench.netimpair import LEG_COUNTS, PESQ_RATE, PROFILES, SETTLE_S, echo_score, speech
+from bench.netimpair import PESQ_RATE, PROFILES, SETTLE_S, echo_score, leg_counts, speech
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.opus import OpusEncoder
 from media.pipeline.base import ReceiveStats
@@ -185,10 +185,6 @@ def measure(audio: np.ndarray, call: EchoCall) -> dict[str, Any]:
     return {"pesq_wb": round(scored.pesq_wb, 3), "delay_ms": delay_ms}
 
 
-def leg_counts(stats: ReceiveStats) -> dict[str, float]:
-    return {key: getattr(stats, key) for key in LEG_COUNTS}
-
-
 def profile_row(name: str, audio: np.ndarray, seeds: int) -> dict[str, Any]:
     calls = []
     for seed in range(seeds):
@@ -196,7 +192,10 @@ def profile_row(name: str, audio: np.ndarray, seeds: int) -> dict[str, Any]:
         calls.append(
             {
                 **measure(audio, call),
-                "legs": {"server": leg_counts(call.server), "client": leg_counts(call.client)},
+                "legs": {
+                    "server": leg_counts(vars(call.server)),
+                    "client": leg_counts(vars(call.client)),
+                },
             }
         )
     scores = [call["pesq_wb"] for call in calls]
