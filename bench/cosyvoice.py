@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.cosyvoice MODEL_DIR [--device cpu|cuda] [--repeat 2]
         [--triton-url HOST:PORT | --triton-standin] [--processes N]
+        [--cpu-convolutions native|onednn]
 
 Runs the engine in-process (no WebRTC), sequential (each utterance alone in its own threads)
 and batched (one worker running every utterance's LLM steps and hops together), on the same
@@ -173,8 +174,7 @@ def _share(streams: int, processes: int, index: int) -> int:
 
 
 def _process_worker(
-    model_dir: Path,
-    device: str,
+    settings: dict[str, Any],
     index: int,
     processes: int,
     concurrency: list[int],
@@ -183,7 +183,7 @@ def _process_worker(
     results: Any,
 ) -> None:
     """One process of ``--processes``: its share of every level, started at the barrier."""
-    engine = loader.load_speak({"model": model_dir, "device": device})
+    engine = loader.load_speak(settings)
     for streams in concurrency:
         for run in range(repeat):
             out: list[dict[str, float]] = []
@@ -196,7 +196,7 @@ def _process_worker(
 
 
 def processes_rows(
-    model_dir: Path, device: str, processes: int, concurrency: list[int], repeat: int
+    settings: dict[str, Any], processes: int, concurrency: list[int], repeat: int
 ) -> list[dict[str, Any]]:
     """The batched engine in ``processes`` processes, each level's streams split evenly."""
     context = multiprocessing.get_context("spawn")  # torch's threads do not survive a fork
@@ -205,7 +205,7 @@ def processes_rows(
     workers = [
         context.Process(
             target=_process_worker,
-            args=(model_dir, device, i, processes, concurrency, repeat, barrier, results),
+            args=(settings, i, processes, concurrency, repeat, barrier, results),
         )
         for i in range(processes)
     ]
@@ -256,8 +256,19 @@ def main() -> int:
         action="store_true",
         help="also measure cosyvoice-triton against the stand-in server (make triton-standin)",
     )
+    parser.add_argument(
+        "--cpu-convolutions",
+        choices=loader.CPU_CONVOLUTIONS,
+        default="native",
+        help="the engine's convolution kernels on a CPU (see loader.use_cpu_convolutions)",
+    )
     args = parser.parse_args()
-    engine = loader.load_speak({"model": args.model_dir, "device": args.device})
+    settings = {
+        "model": args.model_dir,
+        "device": args.device,
+        "cpu_convolutions": args.cpu_convolutions,
+    }
+    engine = loader.load_speak(settings)
     sequential = CosyVoiceEngine(engine.model, engine.context_tokens, engine.chunk)
     engines: dict[str, Any] = {"sequential": sequential, "batched": engine}
     with contextlib.ExitStack() as stack:
@@ -268,9 +279,7 @@ def main() -> int:
             engines["triton"] = stack.enter_context(triton_engine(url))
         rows = concurrency_rows(engines, args.streams, args.repeat)
     if args.processes > 1:
-        rows += processes_rows(
-            args.model_dir, args.device, args.processes, args.streams, args.repeat
-        )
+        rows += processes_rows(settings, args.processes, args.streams, args.repeat)
     columns = [
         "mode",
         "streams",
@@ -296,6 +305,7 @@ def main() -> int:
             "machine": platform.platform(),
             "model_dir": str(args.model_dir),
             "device": args.device,
+            "cpu_convolutions": args.cpu_convolutions,
             "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
             "rows": rows,
             "flow_per_hop": flow,

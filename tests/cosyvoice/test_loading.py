@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
+import torch
+
+from media.engines.cosyvoice.flow_window import flow_mel
+from media.engines.cosyvoice.loader import SPEAK_PLUGIN, use_cpu_convolutions
 from media.engines.cosyvoice.modeldir import inference_yaml
+from media.engines.cosyvoice.speak import CosyVoiceEngine
+from media.engines.cosyvoice.vocoder import VocoderCache, vocode
+from media.engines.plugin import EngineSettingsError
 from media.engines.registry import EngineRegistry
 
 UPSTREAM_SHAPED_YAML = """\
@@ -55,3 +64,40 @@ def test_an_incomplete_model_directory_names_the_missing_files(tmp_path: Path):
     message = registry.unavailable["cosyvoice"]
     assert "llm.pt" in message and "CosyVoice-BlankEN" in message
     assert "cosyvoice2.yaml" not in message.split("missing", 1)[1]
+
+
+def test_cpu_convolutions_must_be_a_known_kernel_set():
+    with pytest.raises(EngineSettingsError, match="native, onednn"):
+        SPEAK_PLUGIN.parse_settings({"cpu_convolutions": "fast"})
+    assert SPEAK_PLUGIN.parse_settings({"cpu_convolutions": "onednn"})["cpu_convolutions"] == (
+        "onednn"
+    )
+
+
+def test_a_cpu_model_runs_torchs_own_convolutions(speak_engine: CosyVoiceEngine):
+    assert not torch._C._get_mkldnn_enabled()
+    assert not torch._C._get_nnpack_enabled()
+
+
+def test_the_convolution_kernels_do_not_change_the_audio(speak_engine: CosyVoiceEngine):
+    """oneDNN and torch's own kernels differ only by rounding; the mel and waveform agree."""
+    model = speak_engine.model
+    prompt = speak_engine.new_state(speak_engine.validate_options({})).prompt.flow
+    tokens = np.random.default_rng(3).integers(0, 6561, 40).astype(np.int32)
+
+    def render(kernels: str) -> tuple[torch.Tensor, np.ndarray]:
+        use_cpu_convolutions(torch, kernels)
+        with torch.inference_mode():
+            mel = flow_mel(model.flow, prompt, tokens, 0, 37, True, 100, speak_engine.chunk)
+            torch.manual_seed(5)  # HiFT's excitation draws its noise from the global generator
+            audio = vocode(model.hift, VocoderCache(), mel, final=True)
+        return mel, audio
+
+    try:
+        onednn_mel, onednn_audio = render("onednn")
+        native_mel, native_audio = render("native")
+    finally:
+        use_cpu_convolutions(torch, "native")
+    assert onednn_mel.shape == native_mel.shape and len(native_audio) == 37 * 2 * 480
+    assert torch.allclose(onednn_mel, native_mel, atol=1e-3)
+    assert np.abs(onednn_audio - native_audio).max() < 1e-3

@@ -45,8 +45,11 @@ class CosyVoiceSettings:
     # ops of a step across threads costs more than it saves (tiny model, 2 cores: an LLM
     # step for 8 utterances 0.9 ms on one thread, 2.7 ms on two).
     threads: int = 1
+    # Which convolution kernels torch runs on a CPU (``use_cpu_convolutions``).
+    cpu_convolutions: str = "native"
 
 
+CPU_CONVOLUTIONS = ("native", "onednn")
 _lock = threading.Lock()
 _shared: dict[CosyVoiceSettings, tuple[Any, int]] = {}  # settings -> (LoadedModel, users)
 
@@ -58,6 +61,12 @@ def _context_tokens(raw: str) -> int | None:
     if tokens < 1:
         raise ValueError("a number of speech tokens (at least 1), or none")
     return tokens
+
+
+def _cpu_convolutions(raw: str) -> str:
+    if raw not in CPU_CONVOLUTIONS:
+        raise ValueError(f"one of {', '.join(CPU_CONVOLUTIONS)}")
+    return raw
 
 
 def _threads(raw: str) -> int:
@@ -81,6 +90,12 @@ SETTINGS = (
     ),
     EngineSetting("threads", "torch intra-op threads (0: one per core)", 1, _threads),
     EngineSetting(
+        "cpu_convolutions",
+        "convolution kernels on a CPU: native (torch's own) or onednn",
+        "native",
+        _cpu_convolutions,
+    ),
+    EngineSetting(
         "batching",
         "run all utterances in one batched worker (on) or each alone (off)",
         True,
@@ -98,6 +113,7 @@ def settings_from(values: Mapping[str, Any]) -> CosyVoiceSettings:
         flow_context_tokens=values.get("flow_context_tokens", 100),
         batching=values.get("batching", True),
         threads=values.get("threads", 1),
+        cpu_convolutions=values.get("cpu_convolutions", "native"),
     )
 
 
@@ -125,6 +141,8 @@ def acquire(settings: CosyVoiceSettings) -> Any:
             raise EngineUnavailable(f"{exc}; {ENABLE_HINT}") from exc
         if settings.threads:
             upstream.torch.set_num_threads(settings.threads)
+        if settings.device == "cpu":
+            use_cpu_convolutions(upstream.torch, settings.cpu_convolutions)
         model = load_model(upstream, settings.model_dir, settings.device)
         log.info(
             "CosyVoice model %s loaded on %s (modules from %s)",
@@ -134,6 +152,25 @@ def acquire(settings: CosyVoiceSettings) -> Any:
         )
         _shared[settings] = (model, 1)
         return model
+
+
+def use_cpu_convolutions(torch: Any, kernels: str) -> None:
+    """Pick the convolution kernels torch runs on a CPU, for the whole process.
+
+    torch's default on x86 is oneDNN, which compiles a kernel for every new input shape and
+    keeps ~1000 of them. The flow and HiFT see a new shape for every batch size, window
+    length and final hop, and a HiFT call holds ~40 convolutions, so a busy server keeps
+    evicting and recompiling: a HiFT call on the tiny model costs 16 ms warm and 24-28 ms
+    with its shape new or evicted (after 120 other shapes). torch's own kernels (im2col and
+    a matrix product) have no per-shape cost and, for these small convolutions, less per
+    call: first audio of one utterance 72 -> 58 ms, eight at once ~190 -> 168 ms
+    (``bench/cosyvoice.py``). NNPACK, which torch picks from a batch of 16, is off too: it
+    made the flow's 16-row convolutions (8 hops, both guidance halves) 2.5x slower.
+    These switches are process-wide; the CosyVoice engines are the server's only torch users.
+    """
+    enabled = kernels == "onednn"
+    torch.backends.mkldnn.enabled = enabled
+    torch.backends.nnpack.set_flags(enabled)
 
 
 def release(settings: CosyVoiceSettings) -> None:
