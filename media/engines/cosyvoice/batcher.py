@@ -13,10 +13,10 @@ threads compete for the same cores. Here one thread per loaded model runs a loop
    (``flow_batch``) and HiFT in one call per shape (``vocoder.vocode_batch``). A first hop
    that is ready waits up to ``GATHER_STEPS`` steps for other first hops that are as close
    to ready, so callers who spoke moments apart share one render: a step costs a few
-   milliseconds, a render of the tiny model on CPU ~80 ms whatever it holds plus ~40 ms a
-   hop, and a first hop that missed the render waited that whole render for nothing
-   (4 callers started together, admitted over two passes: first audio 245, 246, 246 and
-   331 ms);
+   milliseconds, a render of first hops of the tiny model on CPU ~45 ms plus ~12 ms a hop,
+   and a first hop that missed the render waited that whole render for nothing (4 callers
+   started together, admitted over two passes, with oneDNN's convolutions: first audio 245,
+   246, 246 and 331 ms);
 4. one LLM step for every utterance still generating, each sampled with its session's own
    generator.
 
