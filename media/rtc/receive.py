@@ -49,7 +49,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +124,12 @@ TRUST_AT = 5
 UNDECODABLE_ERROR_S = 5.0
 LOG_INTERVAL_S = 10.0
 UNDECODABLE_AUDIO = "undecodable_audio"  # the error code reported through on_error
+# The stream's packet duration is the timestamp step most of its last FRAME_STEPS consecutive
+# packets took (the shorter on a tie). A sender that found a slot already passed (a stalled
+# event loop) stamps its next packet a slot or more further on: that step is not a longer
+# packet. Taking the last two equal steps instead, two such packets in a row (our own server
+# under eight CosyVoice callers) made the stream "40 ms" and the second of them undecodable.
+FRAME_STEPS = 8
 
 FrameSink = Callable[[np.ndarray], None]
 ErrorSink = Callable[[str, str], None]  # (code, message)
@@ -243,6 +249,7 @@ class AudioReceivePath:
         self._last_timestamp: int | None = None  # ...of the last one decoded or concealed
         self._frame_samples = FRAME_SAMPLES  # the stream's packet duration, from timestamps
         self._learnt_frame = False
+        self._steps: deque[int] = deque(maxlen=FRAME_STEPS)  # recent timestamp steps
         self._previous: tuple[int, int] | None = None  # (seq, timestamp) of the last arrival
         self._decoded = _Decoded()
         self._splicer = Splicer()
@@ -358,6 +365,7 @@ class AudioReceivePath:
         self._last_timestamp = None
         self._previous = None
         self._learnt_frame = False
+        self._steps.clear()
         self._covered = 0
         self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
 
@@ -370,16 +378,20 @@ class AudioReceivePath:
         self._covered = 0
 
     def _learn_frame(self, seq: int, timestamp: int) -> None:
-        """The stream's packet duration, from the timestamps of consecutive packets."""
+        """The stream's packet duration, from the timestamps of consecutive packets: the
+        step most of the recent ones took, once two agree (see ``FRAME_STEPS``)."""
         previous, self._previous = self._previous, (seq, timestamp)
         if previous is None or _seq_delta(seq, previous[0]) != 1:
             return
         step = (timestamp - previous[1]) % TS_MOD
-        if 0 < step <= MAX_FRAME_SAMPLES and step % (RTC_RATE // 400) == 0:
-            if step != self._frame_samples:
-                self._frame_samples, self._learnt_frame = step, False
-            else:
-                self._learnt_frame = True
+        if not (0 < step <= MAX_FRAME_SAMPLES and step % (RTC_RATE // 400) == 0):
+            return
+        self._steps.append(step)
+        common, votes = max(Counter(self._steps).items(), key=lambda item: (item[1], -item[0]))
+        if votes >= 2:
+            self._frame_samples, self._learnt_frame = common, True
+        else:
+            self._frame_samples, self._learnt_frame = step, False
 
     def _update_jitter(self, timestamp: int, now: float) -> None:
         transit = now - timestamp / RTC_RATE
@@ -408,7 +420,7 @@ class AudioReceivePath:
             failed = False
         except OpusError:
             pcm, failed = None, True
-        if pcm is not None and self._learnt_frame and len(pcm) != self._frame_samples:
+        if pcm is not None and self._learnt_frame and not self._fits_timing(len(pcm)):
             pcm = None  # libopus made something of it, but not this stream's audio
             self._tainted = True
         bad = pcm is None
@@ -430,6 +442,12 @@ class AudioReceivePath:
         self._stream_has_fec = packet_has_fec(packet.payload)
         if self._stream_has_fec:
             self._fec_seen_at = now
+
+    def _fits_timing(self, samples: int) -> bool:
+        """Whether the stream's timestamps allow a packet of ``samples``: its usual packet
+        duration, or the latest step (a sender that changed its packet duration: the first
+        longer packet is taken for noise, the next ones are heard)."""
+        return samples == self._frame_samples or bool(self._steps and samples == self._steps[-1])
 
     def _push_concealment(self, samples: int, timestamp: int, arrived: float) -> None:
         try:
@@ -578,7 +596,7 @@ class AudioReceivePath:
         self._unlogged += 1
         if now - self._logged_at >= LOG_INTERVAL_S:
             log.warning(
-                "%d undecodable audio packet(s) concealed (the caller sends something that is "
+                "%d undecodable audio packet(s) concealed (the sender sends something that is "
                 "not Opus audio)",
                 self._unlogged,
             )

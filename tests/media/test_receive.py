@@ -711,6 +711,35 @@ class TestUndecodable:
         assert all(len(f) == FRAME for f in link.frames)
         assert slots_silent(link) == []
 
+    def test_a_sender_that_skipped_slots_is_still_heard(self, tone: list[bytes]):
+        """A sender that finds a slot already passed stamps its next packet a slot further
+        on (as our pacer does when its event loop stalled). Two in a row once made the
+        stream's duration "40 ms" and the second of them undecodable."""
+        link = Link(tone)
+        skipped = 0
+        for k in range(40):
+            if k in (20, 21):
+                skipped += 1
+            slot = k + skipped
+            link.send(k, at=slot * SLOT, timestamp=link.first_timestamp + slot * FRAME)
+        assert link.path.stats.undecodable == 0
+        assert [k for k in link.decoder.decoded if k >= 0] == list(range(40))
+
+    def test_a_sender_that_lengthens_its_packets_is_heard_from_the_second_one(self):
+        """20 ms packets, then 40 ms ones: only the first 40 ms packet, which its stream's
+        timestamps cannot yet explain, is taken for noise."""
+        encoder = OpusEncoder(bitrate=32_000)
+        signal = tone_signal(1.6)
+        short = [encoder.encode(signal[i * FRAME : (i + 1) * FRAME]) for i in range(20)]
+        start = 20 * FRAME
+        long = [encoder.encode(signal[start + i * 2 * FRAME :][: 2 * FRAME]) for i in range(20)]
+        link = Link(short + long)
+        for k in range(40):
+            slot = k if k < 20 else 20 + 2 * (k - 20)
+            link.send(k, at=slot * SLOT, timestamp=link.first_timestamp + slot * FRAME)
+        assert link.path.stats.undecodable == 1
+        assert [k for k in link.decoder.decoded if k >= 0] == list(range(40))
+
     def test_a_caller_sending_only_garbage_is_muted_and_reported_once(self, tone: list[bytes]):
         errors: list[tuple[str, str]] = []
         link = Link(tone, on_error=lambda code, message: errors.append((code, message)))
