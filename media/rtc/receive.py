@@ -387,6 +387,8 @@ class AudioReceivePath:
         if not (0 < step <= MAX_FRAME_SAMPLES and step % (RTC_RATE // 400) == 0):
             return
         self._steps.append(step)
+        if self._learnt_frame and step == self._frame_samples:
+            return  # another vote for the duration already learnt: nothing can change
         common, votes = max(Counter(self._steps).items(), key=lambda item: (item[1], -item[0]))
         if votes >= 2:
             self._frame_samples, self._learnt_frame = common, True
