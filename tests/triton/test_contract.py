@@ -23,7 +23,7 @@ from media.engines.cosyvoice_triton.contract import (
     build_request,
     served_model,
 )
-from media.engines.cosyvoice_triton.frames import CANCEL_CHECK_S, FrameQueue, NoAudioInTime
+from media.engines.streamed_frames import CANCEL_CHECK_S, FrameQueue, NoAudioInTime
 from media.engines.cosyvoice_triton.voices import PromptError, reference_from_clip, speakers_from
 from media.engines.plugin import EngineSettingsError
 from media.engines.registry import EngineRegistry, plan

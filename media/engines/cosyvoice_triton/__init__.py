@@ -13,7 +13,8 @@ Modules, one job each:
 - ``contract``: the runtime's model name, tensors, rates, and requests and responses;
 - ``link``: the channel, its health and reconnection, on a loop thread of its own;
 - ``stream``: one utterance's gRPC stream, its cancellation and its errors;
-- ``frames``: the bounded queue from the stream to the synthesis thread, in 20 ms frames;
+- ``media.engines.streamed_frames``: the bounded queue from the stream to the synthesis thread,
+  in 20 ms frames (shared with the model host's client);
 - ``voices``: the cached speaker, the operator's named clips, a session's prompt;
 - ``engine``: the speak engine; ``plugin``: its settings and loading.
 

@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2
 
 from media.engines.base import EngineError, EngineUnavailable
 from media.engines.cosyvoice_triton.contract import read_response
-from media.engines.cosyvoice_triton.frames import FrameQueue, NoAudioInTime
+from media.engines.streamed_frames import FrameQueue, NoAudioInTime
 from media.engines.cosyvoice_triton.link import TritonLink
 
 # Status codes that mean the server (or the way to it) is gone, not that this request failed.

@@ -1,11 +1,13 @@
-"""The audio of one remote utterance between the gRPC loop and the synthesis thread.
+"""The audio of one utterance computed elsewhere, between a link's loop and the synthesis
+thread: a Triton server's gRPC stream (``cosyvoice_triton``) or the model host's socket
+(``hosted``).
 
-The loop puts chunks in as the server sends them (the official runtime's chunks grow from
-0.6 s to several seconds); the synthesis thread takes them out 20 ms at a time. The queue is
-bounded: once ``limit`` samples wait, the reader on the loop stops reading the stream until
-the thread has taken some, so a session that stops pulling (its output is far ahead, or it
-stalls) holds at most ``limit`` samples plus one chunk, and gRPC's flow control holds the
-rest on the server's side.
+The loop puts chunks in as they arrive (the official runtime's chunks grow from 0.6 s to
+several seconds); the synthesis thread takes them out 20 ms at a time. The queue is
+bounded: once ``limit`` samples wait, ``put`` waits until the thread has taken some, so a
+session that stops pulling (its output is far ahead, or it stalls) holds at most ``limit``
+samples plus one chunk, and the transport's flow control holds the rest on the far side
+(gRPC's own; the model host's credit, for which ``push`` adds without waiting).
 
 The speak pipeline's ``cancel`` is a plain ``threading.Event`` that nothing announces, so a
 thread waiting for audio re-checks it every ``CANCEL_CHECK_S``; audio, the end and an error
@@ -61,6 +63,10 @@ class FrameQueue:
                     break
                 self._space.clear()
             await self._space.wait()
+        self.push(audio)
+
+    def push(self, audio: np.ndarray) -> None:
+        """Add a chunk now, whatever is held: for a sender that bounds what it sends."""
         with self._changed:
             if self._ended or not len(audio):
                 return
