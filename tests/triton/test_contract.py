@@ -23,10 +23,10 @@ from media.engines.cosyvoice_triton.contract import (
     build_request,
     served_model,
 )
-from media.engines.streamed_frames import CANCEL_CHECK_S, FrameQueue, NoAudioInTime
 from media.engines.cosyvoice_triton.voices import PromptError, reference_from_clip, speakers_from
 from media.engines.plugin import EngineSettingsError
 from media.engines.registry import EngineRegistry, plan
+from media.engines.streamed_frames import CANCEL_CHECK_S, FrameQueue, NoAudioInTime
 from scripts.triton_standin import CONFIG
 
 SERVED = ServedModel(batched=True, references_optional=True)

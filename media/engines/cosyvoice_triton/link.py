@@ -6,8 +6,8 @@ generator), never from the server's loop; engines know nothing about the server,
 server's loop carries signaling and RTP, where decoding seconds of audio from protobuf
 would be a stall. So the link runs one loop in one daemon thread for all the engine's
 streams. Engine threads hand it work with ``asyncio.run_coroutine_threadsafe`` and read the
-audio from a :class:`~media.engines.streamed_frames.FrameQueue`; nothing they do blocks the link's loop, and
-nothing the link does runs on the server's.
+audio from a :class:`~media.engines.streamed_frames.FrameQueue`; nothing they do blocks the
+link's loop, and nothing the link does runs on the server's.
 
 Health: the link probes the server (server ready, model ready, model config checked
 against the contract) and, while those pass, takes new streams. It notices a loss when a

@@ -26,8 +26,8 @@ from tritonclient.grpc import service_pb2
 
 from media.engines.base import EngineError, EngineUnavailable
 from media.engines.cosyvoice_triton.contract import read_response
-from media.engines.streamed_frames import FrameQueue, NoAudioInTime
 from media.engines.cosyvoice_triton.link import TritonLink
+from media.engines.streamed_frames import FrameQueue, NoAudioInTime
 
 # Status codes that mean the server (or the way to it) is gone, not that this request failed.
 LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
