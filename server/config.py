@@ -41,6 +41,10 @@ class Settings:
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     # Warm workers (engines loaded) that replace a worker that dies at once (with --workers > 1).
     spare_workers: int = 1
+    # Where hostable engines run: "auto" (a model host the front supervises, with --workers > 1),
+    # "none" (each process loads its own) or "unix:PATH" (a host already running there).
+    model_host: str = "auto"
+    host_loops: int = 0  # the host's compute threads for engines without a batch loop; 0: cores
     cosyvoice_model: str | None = None  # the same as engine setting cosyvoice.model
     cosyvoice_src: str | None = None  # cosyvoice.src
     engines: tuple[str, ...] = ()  # which installed engines to load; empty: all of them
@@ -118,6 +122,12 @@ SERVE_FLAGS = (
         "warm workers that replace one that dies at once (with --workers > 1; default 1)",
         int,
     ),
+    _Flag(
+        "model-host",
+        "where models run: auto (one host process beside the workers, with --workers > 1), "
+        "none (in every worker) or unix:PATH (a running host; default auto)",
+    ),
+    _Flag("host-loops", "the model host's compute threads (default 0: one per core)", int),
     _Flag("cosyvoice-model", "CosyVoice2 model directory (enables cosyvoice, cosyvoice-vc)"),
     _Flag("cosyvoice-src", "upstream CosyVoice checkout to import instead of the package"),
     _Flag("engines", "installed engines to load (default: all of them)", repeat=True, many=True),
@@ -294,6 +304,15 @@ def _validate(settings: Settings) -> None:
         raise SettingsError(f"--workers ({ENV_PREFIX}WORKERS) must be at least 1")
     if settings.spare_workers < 0:
         raise SettingsError(f"--spare-workers ({ENV_PREFIX}SPARE_WORKERS) must be >= 0")
+    if settings.model_host not in ("auto", "none") and not (
+        settings.model_host.startswith("unix:") and len(settings.model_host) > len("unix:")
+    ):
+        raise SettingsError(
+            f"--model-host ({ENV_PREFIX}MODEL_HOST) must be auto, none or unix:PATH, "
+            f"got {settings.model_host!r}"
+        )
+    if settings.host_loops < 0:
+        raise SettingsError(f"--host-loops ({ENV_PREFIX}HOST_LOOPS) must be >= 0")
     if settings.engine_threads < 1:
         raise SettingsError(f"--engine-threads ({ENV_PREFIX}ENGINE_THREADS) must be at least 1")
     if not 0 < settings.ice_timeout < math.inf:  # also refuses nan

@@ -350,4 +350,4 @@ def load() -> PiperEngine:
     return engine
 
 
-PLUGIN = EnginePlugin("piper", load=lambda settings: load())
+PLUGIN = EnginePlugin("piper", load=lambda settings: load(), hostable=True)

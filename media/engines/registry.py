@@ -141,6 +141,15 @@ class EngineRegistry:
             return
         log.warning("engine %s unavailable: %s", plugin.name, self._unavailable[plugin.name])
 
+    def add(self, engine: Engine[Any]) -> None:
+        """An engine loaded another way (a model host's, served over its link)."""
+        self._engines[engine.name] = engine
+        self._unavailable.pop(engine.name, None)
+
+    def add_unavailable(self, name: str, reason: str) -> None:
+        self._unavailable[name] = reason
+        log.warning("engine %s unavailable: %s", name, reason)
+
     def get(self, name: str) -> Engine[Any]:
         """The loaded engine called ``name``, or an error saying why there is none."""
         if name in self._engines:

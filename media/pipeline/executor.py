@@ -9,7 +9,9 @@ Two rules, each with its own class:
   thread is free, the most urgent call waiting across all sessions: a synthesis that has not
   produced its first audio yet comes before later chunks of other utterances, so a caller's
   first audio waits for other callers' first chunks, not for their whole sentences. Among
-  calls of equal urgency, the oldest goes first. A session's calls go out one at a time (a
+  calls of equal urgency, the earliest deadline goes first (``submit_by``: when a listener
+  would run out of audio); a call without one has its submission time as its deadline, so
+  the oldest goes first. A session's calls go out one at a time (a
   thread is given back between two of them), so no session keeps a thread to itself.
 
 A call that only waits for work done elsewhere (a chunk from an engine's own batch worker or
@@ -24,6 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -48,7 +51,7 @@ class PriorityPool(Executor):
             WAITING_THREADS, thread_name_prefix=f"{thread_name_prefix}-wait"
         )
         self._lock = threading.Lock()
-        self._waiting: list[tuple[int, int, Callable[[], None]]] = []
+        self._waiting: list[tuple[int, float, int, Callable[[], None]]] = []
         self._order = itertools.count()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
@@ -58,20 +61,28 @@ class PriorityPool(Executor):
         self, priority: int, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
     ) -> Future[T]:
         """Run ``fn`` when a thread is free and nothing more urgent (lower) is waiting."""
+        return self._push(priority, time.monotonic(), lambda: fn(*args, **kwargs))
+
+    def submit_by(self, deadline: float, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` at NORMAL urgency, before calls whose deadline (``time.monotonic()``)
+        is later."""
+        return self._push(NORMAL, deadline, fn)
+
+    def _push(self, priority: int, deadline: float, fn: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
 
         def call() -> None:
             if not future.set_running_or_notify_cancel():
                 return
             try:
-                result = fn(*args, **kwargs)
+                result = fn()
             except BaseException as exc:  # handed to whoever waits on the future
                 future.set_exception(exc)
             else:
                 future.set_result(result)
 
         with self._lock:
-            heapq.heappush(self._waiting, (priority, next(self._order), call))
+            heapq.heappush(self._waiting, (priority, deadline, next(self._order), call))
         # One thread task per waiting call: which call a task runs is decided when it runs.
         self._threads.submit(self._run_most_urgent)
         return future
@@ -82,7 +93,7 @@ class PriorityPool(Executor):
 
     def _run_most_urgent(self) -> None:
         with self._lock:
-            _, _, call = heapq.heappop(self._waiting)
+            *_, call = heapq.heappop(self._waiting)
         call()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -100,8 +111,10 @@ class SerialExecutor(Executor):
     def __init__(self, pool: Executor) -> None:
         self._pool = pool
         self._lock = threading.Lock()
-        # (priority, or None for a call that waits on work done elsewhere; future; call)
-        self._queue: deque[tuple[int | None, Future[Any], Callable[[], Any]]] = deque()
+        # (priority, or None for a call that waits on work done elsewhere; its deadline, or
+        # None for its submission time; future; call)
+        self._queue: deque[tuple[int | None, float | None, Future[Any], Callable[[], Any]]]
+        self._queue = deque()
         self._running = False
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
@@ -112,14 +125,20 @@ class SerialExecutor(Executor):
     ) -> Future[T]:
         return self._enqueue(priority, lambda: fn(*args, **kwargs))
 
+    def submit_by(self, deadline: float, fn: Callable[[], T]) -> Future[T]:
+        """In order with the session's other calls; in the pool, by ``deadline``."""
+        return self._enqueue(NORMAL, fn, deadline)
+
     def submit_waiting(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """In order with the session's other calls, on the pool's waiting threads."""
         return self._enqueue(None, lambda: fn(*args, **kwargs))
 
-    def _enqueue(self, priority: int | None, call: Callable[[], T]) -> Future[T]:
+    def _enqueue(
+        self, priority: int | None, call: Callable[[], T], deadline: float | None = None
+    ) -> Future[T]:
         future: Future[T] = Future()
         with self._lock:
-            self._queue.append((priority, future, call))
+            self._queue.append((priority, deadline, future, call))
             start, self._running = not self._running, True
         if start:
             self._dispatch_next()
@@ -130,11 +149,13 @@ class SerialExecutor(Executor):
             if not self._queue:
                 self._running = False
                 return
-            priority, future, call = self._queue.popleft()
+            priority, deadline, future, call = self._queue.popleft()
         if not isinstance(self._pool, PriorityPool):
             self._pool.submit(self._run, future, call)
         elif priority is None:
             self._pool.submit_waiting(self._run, future, call)
+        elif deadline is not None:
+            self._pool.submit_by(deadline, lambda: self._run(future, call))
         else:
             self._pool.submit_at(priority, self._run, future, call)
 

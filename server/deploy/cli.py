@@ -1,4 +1,5 @@
-"""The server's command line: ``serve`` runs it, ``worker`` is one worker behind a front."""
+"""The server's command line: ``serve`` runs it, ``host`` runs a model host, ``worker`` is one
+worker behind a front."""
 
 from __future__ import annotations
 
@@ -87,6 +88,19 @@ def _worker(args: argparse.Namespace) -> int:
     return run_worker(settings, args.index, args.socket)
 
 
+def _host(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from(args)
+        check_engines(settings)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings)
+    from server.deploy.host import run_host
+
+    return run_host(settings, args.socket, args.with_parent)
+
+
 PEER_HELP = "call a server with a WAV file and record the reply (python -m server peer -h)"
 
 
@@ -98,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
     # Listed for --help only: server/__main__.py hands ``peer`` to the peer package first.
     commands.add_parser("peer", help=PEER_HELP, add_help=False)
+    host = commands.add_parser(
+        "host",
+        help="run a model host: the hostable engines, served to workers over a Unix socket",
+    )
+    add_serve_arguments(host)
+    host.add_argument("--socket", required=True, help="the Unix socket to listen on")
+    host.add_argument("--with-parent", action="store_true", help=argparse.SUPPRESS)
+    host.set_defaults(run=_host)
     worker = commands.add_parser("worker", help=argparse.SUPPRESS)
     add_serve_arguments(worker)
     worker.add_argument("--index", type=int, required=True)

@@ -7,6 +7,8 @@ from server.config import Settings, SettingsError
 
 # Flags that predate engine settings, and the settings they are.
 COSYVOICE_NAMESPACE = "cosyvoice"
+# How long a worker waits at start-up for the model host to say which engines it serves.
+HOST_HELLO_WAIT_S = 60.0
 
 
 def engine_settings(settings: Settings) -> dict[str, dict[str, str]]:
@@ -21,16 +23,61 @@ def engine_settings(settings: Settings) -> dict[str, dict[str, str]]:
     return grouped
 
 
-def load_engines(settings: Settings) -> EngineRegistry:
-    """The engines ``--engines`` names (every installed one by default), with their settings.
+def model_host_path(settings: Settings) -> str | None:
+    """The socket of the model host this process uses, or None to load every engine."""
+    if settings.model_host.startswith("unix:"):
+        return settings.model_host.removeprefix("unix:")
+    return None
+
+
+def hostable_names(settings: Settings) -> list[str]:
+    """The chosen engines a model host would load (``EnginePlugin.hostable``)."""
+    try:
+        chosen = plan(settings.engines or None, engine_settings(settings))
+    except (UnknownEngine, EngineSettingsError) as exc:
+        raise _settings_error(exc) from exc
+    return [plugin.name for plugin, _ in chosen if plugin.hostable]
+
+
+def load_engines(settings: Settings, names: list[str] | None = None) -> EngineRegistry:
+    """The engines ``--engines`` names (every installed one by default), with their settings;
+    ``names`` instead, when given. With ``--model-host unix:PATH`` the hostable ones are the
+    host's, served over its socket, and only the others load here.
 
     Raises :class:`SettingsError` naming the flag for an engine that is not installed or a
     setting an engine refuses.
     """
+    host = model_host_path(settings) if names is None else None
+    chosen = names if names is not None else list(settings.engines) or None
+    hosted: list[str] = []
+    if host is not None:
+        hosted = hostable_names(settings)
+        chosen = [name for name in _all_names(settings) if name not in hosted]
     try:
-        return EngineRegistry.load(settings.engines or None, engine_settings(settings))
+        registry = EngineRegistry.load(chosen, engine_settings(settings))
     except (UnknownEngine, EngineSettingsError) as exc:
         raise _settings_error(exc) from exc
+    if host is not None and hosted:
+        _add_hosted(registry, host, hosted)
+    return registry
+
+
+def _all_names(settings: Settings) -> list[str]:
+    return [plugin.name for plugin, _ in plan(settings.engines or None, engine_settings(settings))]
+
+
+def _add_hosted(registry: EngineRegistry, path: str, names: list[str]) -> None:
+    from media.engines.hosted.engine import hosted_engines
+    from media.engines.hosted.link import HostLink
+
+    link = HostLink(path)
+    engines, unavailable = hosted_engines(link, names, HOST_HELLO_WAIT_S)
+    for engine in engines:
+        registry.add(engine)
+    for name, reason in unavailable.items():
+        registry.add_unavailable(name, reason)
+    if not engines:
+        link.close()
 
 
 def check_engines(settings: Settings) -> None:

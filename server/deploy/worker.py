@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to send SIGTERM when the front exits, so no worker outlives it."""
     try:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -50,7 +50,7 @@ class LoadMeter:
 
 
 def run_worker(settings: Settings, index: int, socket_path: str) -> int:
-    _die_with_parent()
+    die_with_parent()
     registry = load_engines(settings)
     app = create_app(settings, registry, id_prefix=worker_prefix(index, settings.node_id))
     meter = LoadMeter()

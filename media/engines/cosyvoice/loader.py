@@ -229,5 +229,5 @@ def load_vc(values: Mapping[str, Any]) -> Any:
     return engine
 
 
-SPEAK_PLUGIN = EnginePlugin("cosyvoice", load_speak, SETTINGS, namespace="cosyvoice")
+SPEAK_PLUGIN = EnginePlugin("cosyvoice", load_speak, SETTINGS, namespace="cosyvoice", hostable=True)
 VC_PLUGIN = EnginePlugin("cosyvoice-vc", load_vc, SETTINGS, namespace="cosyvoice")

@@ -1,0 +1,258 @@
+"""One media worker's connection to the host: its sessions' states and utterances.
+
+Messages (``media.engines.hosted.wire``), worker to host:
+
+- ``open {req, engine, options}`` -> ``opened {req, state}``: a session's state;
+- ``prompt {req, state, rate, transcript}`` + float32 samples -> ``done {req}``: a voice;
+- ``close {state}``: the session ended;
+- ``speak {s, state, text}``: an utterance, answered by ``audio {s, at, n}`` messages (the
+  chunk's place in the ring) and one ``end {s, error?}``;
+- ``cancel {s}``, ``took {s, n}`` (samples of ``s`` taken), ``read {at}`` (ring consumed).
+
+A request that cannot be served is answered ``refused {req, error, code}``; a message
+that is not one of these is logged and dropped; one that breaks the wire format ends this
+connection only. When the connection ends, however it ends (the worker exited or was
+killed: the kernel closes its socket), every utterance is cancelled and every state is
+closed at once, so a worker that dies frees its rows in the host's batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from media.engines.base import EngineError, SpeakEngine
+from media.engines.hosted.ring import AudioRing
+from media.engines.hosted.wire import Header, ProtocolError, encode, read_message
+from media.pipeline.executor import SerialExecutor
+from server.host.utterance import HostedUtterance
+
+log = logging.getLogger(__name__)
+
+RING_BYTES = 4 * 1024 * 1024  # 43 s of 24 kHz float32: far more than credit lets out
+
+
+class Refused(Exception):
+    """A request the host does not serve; ``code`` names the kind for the worker."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(eq=False)
+class HostedSession:
+    engine: SpeakEngine[Any]
+    state: Any
+    calls: SerialExecutor
+    utterances: set[int] = field(default_factory=set)
+
+
+class WorkerConnection:
+    """The sessions of one worker, served until its connection ends."""
+
+    def __init__(
+        self,
+        engines: dict[str, SpeakEngine[Any]],
+        pool: Executor,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self._engines = engines
+        self._pool = pool
+        self._reader = reader
+        self._writer = writer
+        self.ring = AudioRing.create(RING_BYTES)
+        self._ring_room = asyncio.Event()
+        self._sending = asyncio.Lock()  # ring writes and their messages stay in order
+        self.sessions: dict[int, HostedSession] = {}
+        self.utterances: dict[int, tuple[HostedUtterance, asyncio.Task[None]]] = {}
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ended = False
+
+    def send(self, header: Header) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(encode(header))
+
+    async def serve(self, hello: Header) -> None:
+        """Greet, then serve messages until the worker goes; then free everything."""
+        try:
+            self.send({**hello, "ring": self.ring.name})
+            while (message := await read_message(self._reader)) is not None:
+                self._dispatch(*message)
+        except (ProtocolError, ConnectionError) as exc:
+            log.warning("model host: a worker's connection ended: %s", exc)
+        finally:
+            await self._free()
+
+    # --- messages --------------------------------------------------------------------------
+
+    def _dispatch(self, header: Header, payload: bytes) -> None:
+        kind = header["t"]
+        try:
+            if kind in ("open", "prompt"):
+                self._start(self._answer(header, payload))
+            elif kind == "speak":
+                self._speak(int(header["s"]), int(header["state"]), str(header["text"]))
+            elif kind == "cancel":
+                self._stop(int(header["s"]))
+            elif kind == "took":
+                entry = self.utterances.get(int(header["s"]))
+                if entry is not None:
+                    entry[0].took(int(header["n"]))
+            elif kind == "read":
+                self._ring_room.set()
+            elif kind == "close":
+                self._start(self._close_session(int(header["state"])))
+            else:
+                raise ValueError(f"unknown message type {kind!r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("model host: dropped a bad %r message from a worker: %s", kind, exc)
+
+    async def _answer(self, header: Header, payload: bytes) -> None:
+        request = header.get("req")
+        try:
+            if header["t"] == "open":
+                state = await self._open(str(header["engine"]), header.get("options") or {})
+                self.send({"t": "opened", "req": request, "state": state})
+            else:
+                await self._prompt(header, payload)
+                self.send({"t": "done", "req": request})
+        except Refused as exc:
+            self.send({"t": "refused", "req": request, "error": str(exc), "code": exc.code})
+        except (KeyError, TypeError, ValueError) as exc:
+            error = f"a malformed {header['t']} request ({type(exc).__name__}: {exc})"
+            self.send({"t": "refused", "req": request, "error": error, "code": "bad_request"})
+
+    async def _open(self, name: str, options: Any) -> int:
+        engine = self._engines.get(name)
+        if engine is None:
+            served = ", ".join(self._engines) or "none"
+            raise Refused(f"the host serves no engine '{name}' (it serves: {served})", "engine")
+        if not isinstance(options, dict):
+            raise Refused("options must be an object", "bad_options")
+        try:
+            options = engine.validate_options(options)
+        except EngineError as exc:
+            raise Refused(str(exc), "bad_options") from exc
+        calls = SerialExecutor(self._pool)
+        state = await asyncio.wrap_future(calls.submit(engine.new_state, options))
+        session = next(self._ids)
+        self.sessions[session] = HostedSession(engine, state, calls)
+        return session
+
+    def _session(self, header: Header) -> HostedSession:
+        session = self.sessions.get(int(header["state"]))
+        if session is None:
+            raise Refused(f"no session state {header['state']} on this host", "unknown_state")
+        return session
+
+    async def _prompt(self, header: Header, payload: bytes) -> None:
+        session = self._session(header)
+        rate, transcript = int(header["rate"]), str(header["transcript"])
+        if len(payload) % 4:
+            raise Refused("the prompt's samples are not float32", "bad_prompt")
+        audio = np.frombuffer(payload, np.float32).copy()
+        engine = session.engine
+        call = session.calls.submit(engine.set_prompt, session.state, audio, rate, transcript)
+        try:
+            await asyncio.wrap_future(call)
+        except (ValueError, EngineError) as exc:
+            raise Refused(str(exc), "bad_prompt") from exc
+
+    def _speak(self, stream: int, state: int, text: str) -> None:
+        session = self.sessions.get(state)
+        if session is None or stream in self.utterances:
+            self.send({"t": "end", "s": stream, "error": f"no session state {state} here"})
+            return
+        utterance = HostedUtterance(
+            session.engine, session.state, session.calls, text, self._send_audio_of(stream)
+        )
+        task = asyncio.create_task(self._run(stream, state, utterance))
+        self.utterances[stream] = (utterance, task)
+        session.utterances.add(stream)
+
+    def _send_audio_of(self, stream: int) -> Any:
+        async def send(chunk: np.ndarray) -> None:
+            await self._send_audio(stream, chunk)
+
+        return send
+
+    async def _run(self, stream: int, state: int, utterance: HostedUtterance) -> None:
+        error: str | None = None
+        try:
+            await utterance.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the engine's failure ends this utterance only
+            log.warning(
+                "model host: an utterance failed: %s",
+                exc,
+                exc_info=not isinstance(exc, EngineError),
+            )
+            error = str(exc) or type(exc).__name__
+        finally:
+            self.utterances.pop(stream, None)
+            session = self.sessions.get(state)
+            if session is not None:
+                session.utterances.discard(stream)
+        self.send({"t": "end", "s": stream, **({"error": error} if error else {})})
+
+    def _stop(self, stream: int) -> None:
+        entry = self.utterances.get(stream)
+        if entry is not None:
+            entry[0].stop()
+
+    async def _send_audio(self, stream: int, chunk: np.ndarray) -> None:
+        """Put ``chunk`` in the ring (waiting for the reader while it is full) and say where."""
+        most = self.ring.capacity // 2 // 4
+        async with self._sending:
+            for start in range(0, len(chunk), most):
+                part = chunk[start : start + most]
+                while (placed := self.ring.write(part)) is None:
+                    if self._ended:
+                        return
+                    self._ring_room.clear()
+                    await self._ring_room.wait()
+                self.send({"t": "audio", "s": stream, "at": placed[0], "n": placed[1]})
+
+    async def _close_session(self, state: int) -> None:
+        session = self.sessions.pop(state, None)
+        if session is None:
+            return
+        for stream in list(session.utterances):
+            self._stop(stream)
+        await asyncio.wrap_future(session.calls.submit(session.engine.close_state, session.state))
+
+    # --- the end ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End the connection (the host is stopping); ``serve`` then frees everything."""
+        self._writer.close()
+
+    def _start(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _free(self) -> None:
+        """Cancel every utterance, close every state, remove the ring."""
+        self._ended = True
+        for utterance, _ in self.utterances.values():
+            utterance.stop()
+        self._ring_room.set()
+        running = [task for _, task in self.utterances.values()]
+        await asyncio.gather(*running, *self._tasks, return_exceptions=True)
+        for state in list(self.sessions):
+            with contextlib.suppress(Exception):
+                await self._close_session(state)
+        self._writer.close()
+        self.ring.close()
