@@ -97,6 +97,8 @@ class FrontAdminRoutes:
             reasons.append("draining")
         if front.load >= front.capacity:
             reasons.append("at_capacity")
+        if front.host_down:
+            reasons.append("host_down")
         return readiness(
             reasons,
             sessions=front.load,
@@ -105,6 +107,13 @@ class FrontAdminRoutes:
             workers_serving=serving,
             workers_configured=front.settings.workers,
             worker_restarts=front.restarts,
+            model_host=None
+            if front.host is None
+            else {
+                "pid": front.host.pid,
+                "serving": not front.host_down,
+                "restarts": front.host_restarts,
+            },
         )
 
 

@@ -1,6 +1,9 @@
 """The front's worker processes: started, supervised, loaded, placed on, drained, stopped.
 
-Each worker is ``python -m server worker`` on a Unix socket of its own. The front polls
+Each worker is ``python -m server worker`` on a Unix socket of its own. With hostable
+engines chosen and ``--model-host auto``, one model host (``python -m server host``) is
+started first and the workers use its engines; it is restarted at once when it exits,
+and the workers reconnect to the new one. The front polls
 every worker's ``/internal/load`` twice a second; placement takes the serving worker with
 the fewest sessions (counting offers still being answered), then the least CPU.
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from server.config import Settings
+from server.deploy.engines import hostable_names
 from server.http.routes import worker_prefix
 from server.sessions import refusals
 from signaling.errors import ApiError
@@ -30,6 +34,7 @@ from signaling.errors import ApiError
 log = logging.getLogger(__name__)
 
 LOAD_POLL_SECONDS = 0.5
+HOST_POLL_SECONDS = 0.05  # a host that exits is restarted within this (its load is ~1 s)
 WORKER_EXIT_MARGIN_S = 10.0
 WORKER_START_TIMEOUT_S = 120.0
 # A worker that keeps dying is restarted after a growing pause: this many deaths within the
@@ -90,7 +95,10 @@ class Front:
     engine_names: tuple[str, ...] = ()  # what the workers serve, read from one at start
     restarts: int = 0
     on_restart: Callable[[], None] | None = None
+    host: subprocess.Popen[bytes] | None = None  # the model host, when the front runs one
+    host_restarts: int = 0
     _poller: asyncio.Task[None] | None = None
+    _host_watch: asyncio.Task[None] | None = None
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     _indexes: Iterator[int] = field(default_factory=itertools.count)
     _deaths: deque[float] = field(default_factory=deque)
@@ -98,6 +106,9 @@ class Front:
 
     async def start(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="cosyrtc-")
+        if self.settings.model_host == "auto" and hostable_names(self.settings):
+            self._spawn_host()
+            await self._wait_for_host()
         for _ in range(self.settings.workers):
             self._spawn(serving=True)
         for _ in range(self.spares_wanted):
@@ -105,11 +116,60 @@ class Front:
         await asyncio.gather(*(self._connect(worker) for worker in self.workers))
         await self._read_engines(self.workers[0])
         self._poller = asyncio.create_task(self._poll_load())
+        if self.host is not None:
+            self._host_watch = asyncio.create_task(self._watch_host())
         log.info("front: %d workers ready (%d spare)", self.settings.workers, self.spares_wanted)
 
     @property
     def spares_wanted(self) -> int:
         return self.settings.spare_workers if self.settings.workers > 1 else 0
+
+    # --- the model host ------------------------------------------------------------------
+
+    @property
+    def host_socket(self) -> str:
+        assert self._tmp is not None
+        return os.path.join(self._tmp.name, "host.sock")
+
+    @property
+    def host_down(self) -> bool:
+        """The front runs a model host and it is not serving (exited, or still loading)."""
+        if self.host is None:
+            return False
+        return self.host.poll() is not None or not Path(self.host_socket).exists()
+
+    def _spawn_host(self) -> None:
+        # A socket left by a host that was killed would look like a host that serves.
+        Path(self.host_socket).unlink(missing_ok=True)
+        command = [sys.executable, "-m", "server", "host", "--socket", self.host_socket]
+        self.host = subprocess.Popen([*command, "--with-parent", *self.worker_args])
+
+    async def _wait_for_host(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WORKER_START_TIMEOUT_S
+        while self.host_down:
+            assert self.host is not None
+            if self.host.poll() is not None:
+                raise RuntimeError(f"the model host exited while starting ({self.host.returncode})")
+            if loop.time() > deadline:
+                raise RuntimeError("the model host did not start")
+            await asyncio.sleep(0.05)
+        log.info("front: model host ready on %s", self.host_socket)
+
+    async def _watch_host(self) -> None:
+        while not self.draining:
+            self._supervise_host()
+            await asyncio.sleep(HOST_POLL_SECONDS)
+
+    def _supervise_host(self) -> None:
+        """Start a new host at once when it exited: the workers' links reconnect to it."""
+        if self.host is None or self.host.poll() is None:
+            return
+        log.error("front: the model host exited with %s; restarting it", self.host.returncode)
+        self.host_restarts += 1
+        self._spawn_host()
+
+    # --- workers ---------------------------------------------------------------------------
 
     def _spawn(self, serving: bool) -> Worker:
         assert self._tmp is not None
@@ -117,6 +177,7 @@ class Front:
         path = os.path.join(self._tmp.name, f"worker{index}.sock")
         command = [sys.executable, "-m", "server", "worker", "--index", str(index)]
         command += ["--socket", path, *self.worker_args, *WORKER_OVERRIDES]
+        command += ["--model-host", f"unix:{self.host_socket}" if self.host else "none"]
         worker = Worker(index, path, subprocess.Popen(command), serving)
         self.workers.append(worker)
         return worker
@@ -273,6 +334,17 @@ class Front:
                 worker.process.terminate()
         waits = [asyncio.to_thread(self._wait_exit, worker) for worker in self.workers]
         await asyncio.gather(*waits)
+        await self._stop_host()
+
+    async def _stop_host(self) -> None:
+        """After the workers: their last utterances were spoken by it."""
+        if self.host is None or self.host.poll() is not None:
+            return
+        self.host.terminate()
+        try:
+            await asyncio.to_thread(self.host.wait, 15)
+        except subprocess.TimeoutExpired:
+            self.host.kill()
 
     def _wait_exit(self, worker: Worker) -> None:
         """Runs in a thread: a worker gets its drain timeout, plus time to close up."""
@@ -283,9 +355,10 @@ class Front:
 
     async def close(self) -> None:
         self.draining = True
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
+        for task in (self._poller, self._host_watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for task in self._starting:
             task.cancel()
         await asyncio.gather(*self._starting, return_exceptions=True)
@@ -298,5 +371,6 @@ class Front:
                 await asyncio.to_thread(worker.process.wait, 15)
             except subprocess.TimeoutExpired:
                 worker.process.kill()
+        await self._stop_host()
         if self._tmp is not None:
             self._tmp.cleanup()
