@@ -110,6 +110,10 @@ class Capabilities:
     # speak: ``synthesize`` computes on the engine's own worker (a batch thread, a remote
     # server) and the calling thread only waits for its chunks.
     own_compute: bool = False
+    # speak: that worker computes on the process's CPU cores, in a loop sharing the GIL with
+    # whatever else the process runs; a media worker then hands it no more utterances at
+    # once than it has engine threads (the model host, which runs no media, hands it all).
+    compute_on_cpu: bool = False
     # speak: the languages it speaks (ISO 639 codes); text in other scripts is refused.
     languages: tuple[str, ...] = ()
 

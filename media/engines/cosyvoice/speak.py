@@ -112,11 +112,12 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
                 voice_prompt=True,
                 languages=COSYVOICE_LANGUAGES,
                 # The batch worker computes the sentences; on a CPU it shares the cores with
-                # the engine threads, whose count then also caps the utterances in the batch:
-                # 8 callers on 2 cores all in the batch at once (tiny model, bench.fairness)
-                # slowed each to a real-time factor near 1, their pre-buffers grew to ~1.8 s
-                # and first audio went from p50 0.4 s to 1.4-2.5 s.
-                own_compute=batcher is not None and not str(model.device).startswith("cpu"),
+                # the engine threads, whose count then also caps the utterances in the batch
+                # in a media worker: 8 callers on 2 cores all in the batch at once (tiny
+                # model, bench.fairness) slowed each to a real-time factor near 1, their
+                # pre-buffers grew to ~1.8 s and first audio went from p50 0.4 s to 1.4-2.5 s.
+                own_compute=batcher is not None,
+                compute_on_cpu=str(model.device).startswith("cpu"),
             ),
             option_specs=(
                 OptionSpec(

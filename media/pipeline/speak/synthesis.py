@@ -65,7 +65,8 @@ class SynthesisBridge:
                 utterance, lambda: self._engine.synthesize_pieces(state, pieces, self.cancel)
             )
             return
-        elsewhere = self._engine.capabilities.own_compute
+        capabilities = self._engine.capabilities
+        elsewhere = capabilities.own_compute and not capabilities.compute_on_cpu
         while not self.cancel.is_set():
             sentence = await utterance.next_sentence()
             if sentence is None or self.cancel.is_set():
