@@ -184,10 +184,13 @@ async def test_front_checks_tokens_limits_offers_and_passes_the_token_on(
     url, pid = guarded_front
     restrict_host_addresses([LOOPBACK])  # this process's offers: loopback candidates only
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    workers = children(pid)
+    processes = children(pid)
+    workers = [argv for argv in processes if "worker" in argv]
     assert len(workers) == 2
+    assert len(processes) == 3  # and the model host, which serves no HTTP
     for argv in workers:
-        assert argv[-6:-4] == ["--rate-limit", "0"]  # the front limits, for all of them
+        last = len(argv) - 1 - argv[::-1].index("--rate-limit")
+        assert argv[last + 1] == "0"  # the front limits, for all of them
     socket_path = next(
         argv[i + 1] for argv in workers for i, a in enumerate(argv) if a == "--socket"
     )
