@@ -21,7 +21,6 @@ to the same bounds, so a server that comes back is connected to within one delay
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import Coroutine
@@ -34,6 +33,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from media.engines.cosyvoice_triton.contract import ContractError, ServedModel, served_model
+from media.engines.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,8 @@ class TritonLink:
 
     def __init__(self, settings: LinkSettings) -> None:
         self.settings = settings
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="triton-link", daemon=True
-        )
+        self._thread = LoopThread("triton-link")
+        self._loop = self._thread.loop
         self._ready = threading.Event()
         self._probed = threading.Event()  # the first probe has an answer, good or bad
         self._reason: str | None = f"not connected to the Triton server at {settings.url} yet"
@@ -79,7 +77,6 @@ class TritonLink:
         self._lost: asyncio.Event | None = None
         self._closing = False
         self.losses = 0  # times the server was lost after being ready (stats, tests)
-        self._thread.start()
         self.submit(self._watch())
 
     # --- what the engine reads (any thread) ------------------------------------------------
@@ -101,12 +98,11 @@ class TritonLink:
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> Future[T]:
         """Run ``coroutine`` on the link's loop; the future is for the calling thread."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return self._thread.submit(coroutine)
 
     def call_soon(self, callback: Any, *args: Any) -> None:
         """Run ``callback(*args)`` on the link's loop (from any thread; a no-op once closed)."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to tell
-            self._loop.call_soon_threadsafe(callback, *args)
+        self._thread.call_soon(callback, *args)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -228,13 +224,9 @@ class TritonLink:
         self._ready.clear()
         self._reason = "the engine is closed"
         try:
-            self.submit(self._shutdown()).result(CLOSE_JOIN_S)
+            self._thread.stop(self._shutdown())
         except Exception:  # a loop that cannot finish in time is left to the daemon thread
             log.exception("the Triton link did not close cleanly")
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(CLOSE_JOIN_S)
-        if not self._thread.is_alive():
-            self._loop.close()
 
     async def _shutdown(self) -> None:
         """Close the channel (which cancels the streams still open), then end every task."""

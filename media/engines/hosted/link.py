@@ -22,21 +22,18 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
 
 from media.engines.base import EngineError, EngineUnavailable
 from media.engines.hosted.ring import AudioRing
 from media.engines.hosted.wire import Header, ProtocolError, encode, read_message
+from media.engines.loop_thread import LoopThread
 from media.engines.streamed_frames import FrameQueue
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 RETRY_S = 0.1  # a host restarted by the front is back within a second or two
 HELLO_TIMEOUT_S = 5.0
-CLOSE_JOIN_S = 5.0
 
 
 class HostRefused(EngineError):
@@ -56,10 +53,6 @@ class HostLink:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="host-link", daemon=True
-        )
         self._ready = threading.Event()
         self._greeted = threading.Event()  # the first hello came
         self.hello: Header = {}  # the first connection's hello: the engines the host serves
@@ -72,8 +65,9 @@ class HostLink:
         self._streams: dict[int, FrameQueue] = {}
         self._ids = itertools.count(1)
         self._closing = False
-        self._thread.start()
-        self._watcher = asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
+        self._thread = LoopThread("host-link")
+        self._loop = self._thread.loop
+        self._watcher = self._thread.submit(self._watch())
 
     # --- any thread ------------------------------------------------------------------------
 
@@ -99,7 +93,7 @@ class HostLink:
         Raises :class:`HostRefused` with the host's reason, or ``EngineUnavailable`` while
         (or when) the host is gone.
         """
-        future = self._run(self._request(header, payload))
+        future = self._thread.submit(self._request(header, payload))
         try:
             return future.result(timeout)
         except TimeoutError as exc:
@@ -110,20 +104,22 @@ class HostLink:
         """Start an utterance whose audio goes to ``frames``; its stream id. An utterance for
         a generation that is over ends at once with ``EngineUnavailable``."""
         stream = next(self._ids)
-        self._call_soon(self._start_stream, stream, {**header, "s": stream}, frames, generation)
+        self._thread.call_soon(
+            self._start_stream, stream, {**header, "s": stream}, frames, generation
+        )
         return stream
 
     def took(self, stream: int, samples: int) -> None:
         """Tell the host how much of a stream its reader has taken (the host's credit)."""
-        self._call_soon(self._send, {"t": "took", "s": stream, "n": samples})
+        self._thread.call_soon(self._send, {"t": "took", "s": stream, "n": samples})
 
     def end_stream(self, stream: int) -> None:
         """Stop an utterance: the host is told to cancel it unless it had ended."""
-        self._call_soon(self._end_stream, stream)
+        self._thread.call_soon(self._end_stream, stream)
 
     def send(self, header: Header) -> None:
         """A message that needs no answer (closing a state); dropped while disconnected."""
-        self._call_soon(self._send, header)
+        self._thread.call_soon(self._send, header)
 
     def close(self) -> None:
         """Disconnect and stop the loop thread (the host frees this worker's states)."""
@@ -133,19 +129,8 @@ class HostLink:
         self._ready.clear()
         self._reason = "the engine is closed"
         self._watcher.cancel()
-        with contextlib.suppress(Exception):
-            self._run(self._shutdown()).result(CLOSE_JOIN_S)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(CLOSE_JOIN_S)
-        if not self._thread.is_alive():
-            self._loop.close()
-
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-
-    def _call_soon(self, callback: Any, *args: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to tell
-            self._loop.call_soon_threadsafe(callback, *args)
+        with contextlib.suppress(Exception):  # a host that hangs is left behind
+            self._thread.stop(self._shutdown())
 
     # --- the loop --------------------------------------------------------------------------
 
