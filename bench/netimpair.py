@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,18 @@ PROFILES: dict[str, Impairment] = {
     ),
     "loss5_jitter50_spikes300": Impairment(
         loss=0.05, jitter_ms=50.0, spike_every_s=4.0, spike_ms=(300.0, 300.0)
+    ),
+    # A radio that stalls both legs at once for a bit over 100 ms every few seconds (a scan,
+    # a retrain), alone and under loss and a jitter that reorders packets 20 ms apart.
+    "stalls_both_ways": Impairment(
+        spike_every_s=3.0, spike_ms=(110.0, 170.0), spikes_both_ways=True
+    ),
+    "loss2_jitter30_stalls": Impairment(
+        loss=0.02,
+        jitter_ms=30.0,
+        spike_every_s=3.0,
+        spike_ms=(110.0, 170.0),
+        spikes_both_ways=True,
     ),
 }
 PLOT_PROFILE = "wifi_spikes"
@@ -246,8 +260,14 @@ def tone_row(result: dict[str, Any], markers: ChirpInserter) -> dict[str, Any]:
     client_shed = shed_times(result["trace"].client, result["spikes"]["down"])
     server_shed = shed_times(result["trace"].server, result["spikes"]["up"])
     shed = [s for s in client_shed + server_shed if s is not None]
+    stalls = sorted(set(result["spikes"]["up"]) | set(result["spikes"]["down"]))
+    by_stall = holes_by_stall(
+        peer.received()[: result["input_end"]], peer.recorder.timeline.index_at, stalls
+    )
     return {
         "holes": len(found.lengths_ms),
+        "holes_by_stall": by_stall,
+        "late_stall_holes": sum(by_stall[2:]),
         "longest_hole_ms": found.longest_ms,
         "silent_pct": round(100 * found.silent_share, 2),
         "rtt_ms_p50": rtt["rtt_ms_p50"],
@@ -258,6 +278,26 @@ def tone_row(result: dict[str, Any], markers: ChirpInserter) -> dict[str, Any]:
         "shed_s": {"client_leg": client_shed, "server_leg": server_shed},
         "client_receive": vars(peer.receive.stats),
     }
+
+
+def holes_by_stall(
+    received: np.ndarray,
+    index_at: Callable[[float], float],
+    stalls: list[tuple[float, float]],
+    sample_rate: int = RTC_RATE,
+) -> list[int]:
+    """Holes in a tone heard from each stall's start to the next one's (the last: to the end).
+
+    ``index_at`` maps a moment to the sample of ``received`` being heard then; ``stalls``
+    are (start, release) moments. A stall's hole is heard a round trip after it starts, well
+    before the next one, so each count is what that stall did.
+    """
+    bounds = [max(0, int(index_at(start))) for start, _ in sorted(stalls)] + [len(received)]
+    return [
+        len(holes(received[a:b], level=TONE_LEVEL / np.sqrt(2), sample_rate=sample_rate).lengths_ms)
+        for a, b in itertools.pairwise(bounds)
+        if b > a
+    ]
 
 
 def _marker_sent_times(markers: ChirpInserter, peer: PeerCall) -> list[float]:
@@ -453,6 +493,7 @@ def main() -> int:
     parser.add_argument("--speech-calls", type=int, default=3, help="per profile (median)")
     parser.add_argument("--interrupts", type=int, default=20, help="Piper calls (0: none)")
     parser.add_argument("--interrupt-after", type=float, default=1.5)
+    parser.add_argument("--name", default="netimpair", help="bench/results/NAME.json and .png")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})  # the relay and the peer; the server has core 0
@@ -460,7 +501,8 @@ def main() -> int:
     rows = asyncio.run(calls(args))
     interrupted = interrupts(args.interrupts, args.interrupt_after) if args.interrupts else None
     columns = ["server", "profile", "holes", "longest_hole_ms", "silent_pct", "rtt_ms_p50"]
-    columns += ["rtt_ms_p95", "pesq_wb", "pesq_wb_range", "spikes", "shed_s_max"]
+    columns += ["rtt_ms_p95", "pesq_wb", "pesq_wb_range", "spikes", "late_stall_holes"]
+    columns += ["shed_s_max"]
     print()
     print_table(rows, columns)
     if interrupted:
@@ -470,9 +512,9 @@ def main() -> int:
             f"the first silent frame: {interrupted['audible_after_silence_ms_max']} ms at most"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    plotted = plot(rows, RESULTS / "netimpair.png")
+    plotted = plot(rows, RESULTS / f"{args.name}.png")
     path = write_results(
-        "netimpair",
+        args.name,
         {
             "benchmark": "netimpair",
             "seconds_per_call": args.seconds,
@@ -481,7 +523,7 @@ def main() -> int:
             "profiles": {name: vars(PROFILES[name]) for name in args.profiles},
             "rows": rows,
             "interrupts": interrupted,
-            "plot": "netimpair.png" if plotted else None,
+            "plot": f"{args.name}.png" if plotted else None,
         },
     )
     print(f"\nwrote {path.relative_to(ROOT)}")

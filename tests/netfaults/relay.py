@@ -16,6 +16,7 @@ relay: cutting the relay cuts the call.
     ...connect...
     relay.impair(Impairment(loss=0.05, jitter_ms=30))   # both directions
     relay.impair(Impairment(spike_every_s=4))           # Wi-Fi: 100-300 ms holds
+    relay.impair(Impairment(spike_every_s=3, spikes_both_ways=True))  # one stall, both legs
     relay.to_client.impairment = Impairment(loss=0.2)   # or one direction
     relay.blackout(1.5)                                  # both directions; blackout() is forever
     relay.to_server.stats.lost                           # per-direction counters
@@ -76,6 +77,9 @@ class Impairment:
     ``spike_every_s``: Wi-Fi-like delay spikes, about this often (each interval drawn from
     half to one and a half times it): the link holds every datagram for ``spike_ms``
     (drawn uniformly from the range), then releases them together, in order.
+    ``spikes_both_ways``: (given to both directions with :meth:`UdpRelay.impair`) the two
+    directions stall at the same moments for the same time, as a radio link does when it
+    stops for a scan or a retrain; otherwise each direction draws its own spikes.
     """
 
     loss: float = 0.0
@@ -85,6 +89,7 @@ class Impairment:
     burst_packets: tuple[int, int] = (3, 6)
     spike_every_s: float = 0.0
     spike_ms: tuple[float, float] = (100.0, 300.0)
+    spikes_both_ways: bool = False
 
     def __post_init__(self) -> None:
         for name in ("loss", "reorder", "burst_loss"):
@@ -118,6 +123,31 @@ class LinkStats:
         return self.lost + self.blacked_out + self.send_failed
 
 
+class SpikeSchedule:
+    """When delay spikes hold a link: one per direction, or one that both directions share."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._next: float | None = None
+        self.hold_until = -math.inf  # the current (or last) spike's release
+        self.spikes: list[tuple[float, float]] = []  # (start, release) in loop time
+
+    def advance(self, now: float, impairment: Impairment) -> bool:
+        """Start the next spike if it is due at ``now``; whether one started."""
+        every = impairment.spike_every_s
+        if not every:
+            self._next = None
+            return False
+        if self._next is None:
+            self._next = now + self._rng.uniform(0.5, 1.5) * every
+        if now < self._next or now < self.hold_until:
+            return False
+        self.hold_until = now + self._rng.uniform(*impairment.spike_ms) / 1000
+        self._next = self.hold_until + self._rng.uniform(0.5, 1.5) * every
+        self.spikes.append((now, self.hold_until))
+        return True
+
+
 class Link:
     """One direction of the relay: decides each datagram's fate and when it leaves."""
 
@@ -132,12 +162,16 @@ class Link:
         self._held_timer: asyncio.TimerHandle | None = None
         self._timers: set[asyncio.TimerHandle] = set()
         self._burst_left = 0
-        self._next_spike: float | None = None
-        self._hold_until = -math.inf
+        self.schedule = SpikeSchedule(self._rng)  # the relay may share one between links
+        self._spike_seen = -math.inf  # the start of the last spike this link held for
         self._held_in_spike = 0
         self._queued_behind = 0  # datagrams a spike released that are not sent yet
         self._last_release = -math.inf
-        self.spikes: list[tuple[float, float]] = []  # (start, release) in loop time
+
+    @property
+    def spikes(self) -> list[tuple[float, float]]:
+        """(start, release) of each spike in loop time (shared ones: the same list)."""
+        return self.schedule.spikes
 
     @property
     def blacked_out(self) -> bool:
@@ -197,22 +231,15 @@ class Link:
         order they came, and nothing that comes after overtakes them, however late the
         loop runs their timers.
         """
-        every = self.impairment.spike_every_s
-        if every and self._next_spike is None:
-            self._next_spike = now + self._rng.uniform(0.5, 1.5) * every
-        if every and self._next_spike is not None:
-            if now >= self._next_spike and now >= self._hold_until:
-                hold = self._rng.uniform(*self.impairment.spike_ms) / 1000
-                self._hold_until = now + hold
-                self._held_in_spike = 0
-                self._next_spike = self._hold_until + self._rng.uniform(0.5, 1.5) * every
-                self.spikes.append((now, self._hold_until))
-        elif not every:
-            self._next_spike = None
-        if now < self._hold_until:
+        schedule = self.schedule
+        schedule.advance(now, self.impairment)
+        if schedule.spikes and schedule.spikes[-1][0] != self._spike_seen:
+            self._spike_seen = schedule.spikes[-1][0]
+            self._held_in_spike = 0
+        if now < schedule.hold_until:
             self.stats.held += 1
             self._held_in_spike += 1
-            release = self._hold_until + 1e-5 * self._held_in_spike
+            release = schedule.hold_until + 1e-5 * self._held_in_spike
         elif self._queued_behind:  # released ones the loop has not sent yet: queue behind
             release = self._last_release + 1e-5
         else:
@@ -275,6 +302,14 @@ class Link:
                 self.stats.forwarded += 1
 
 
+def share_spikes(impairment: Impairment, *links: Link) -> None:
+    """Impair ``links`` alike; with ``spikes_both_ways``, on one spike schedule (the first's)."""
+    for link in links:
+        link.impairment = impairment
+        if impairment.spikes_both_ways:
+            link.schedule = links[0].schedule
+
+
 @dataclass(eq=False)
 class _StandIn:
     side: Side
@@ -314,8 +349,7 @@ class UdpRelay:
 
     def impair(self, impairment: Impairment) -> None:
         """Apply ``impairment`` to both directions (set ``link.impairment`` for one)."""
-        for link in self.links:
-            link.impairment = impairment
+        share_spikes(impairment, *self.links)
 
     def blackout(self, seconds: float | None = None) -> None:
         """Cut both directions for ``seconds``, or until :meth:`restore` when ``None``."""

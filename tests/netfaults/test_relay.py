@@ -19,6 +19,7 @@ from tests.netfaults.relay import (
     Link,
     Side,
     UdpRelay,
+    share_spikes,
 )
 
 LOOPBACK = "127.0.0.1"
@@ -191,6 +192,28 @@ async def test_a_delay_spike_holds_everything_then_releases_it_together_in_order
     held = [i for i, at in arrived.items() if at >= release - 0.001 and at < release + 0.01]
     assert len(held) >= 10 and one.stats.held >= 10
     assert spike_start - started <= 0.16
+
+
+async def test_spikes_both_ways_stall_both_directions_at_the_same_moments():
+    """A radio stall holds both legs at once; without the flag each leg draws its own."""
+    loop = asyncio.get_running_loop()
+    spiky = {"spike_every_s": 0.15, "spike_ms": (60.0, 90.0)}
+    shared_up, shared_down = Link("up", 3, loop), Link("down", 3, loop)
+    share_spikes(Impairment(**spiky, spikes_both_ways=True), shared_up, shared_down)
+    own_up, own_down = Link("up", 3, loop), Link("down", 3, loop)
+    share_spikes(Impairment(**spiky), own_up, own_down)
+    links = (shared_up, shared_down, own_up, own_down)
+    for _ in range(80):  # one datagram each way every 10 ms for 0.8 s
+        for one in links:
+            one.submit(lambda: None)
+        await asyncio.sleep(0.01)
+    for one in links:
+        one.close()
+    assert len(shared_up.spikes) >= 3
+    assert shared_up.spikes == shared_down.spikes
+    assert shared_up.stats.held > 0 and shared_down.stats.held > 0
+    assert abs(shared_up.stats.held - shared_down.stats.held) <= len(shared_up.spikes)
+    assert own_up.spikes and own_down.spikes and own_up.spikes != own_down.spikes
 
 
 @pytest.mark.parametrize(
