@@ -56,14 +56,25 @@ from typing import Any
 import numpy as np
 
 from bench.common import print_table, write_results
-from bench.netimpair import PESQ_RATE, PROFILES, SETTLE_S, echo_score, leg_counts, speech
+from bench.netimpair import (
+    PESQ_RATE,
+    PROFILES,
+    SETTLE_S,
+    TONE_LEVEL,
+    echo_score,
+    holes_by_stall,
+    leg_counts,
+    speech,
+    tone,
+)
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.opus import OpusEncoder
 from media.pipeline.base import ReceiveStats
 from media.rtc.receive import AudioReceivePath
 from peer.filetracks import PEER_BITRATE
+from peer.probe import holes
 from server.sessions.manager import DEFAULT_BITRATE
-from tests.netfaults.relay import Impairment, Link
+from tests.netfaults.relay import Impairment, Link, share_spikes
 
 START_S = 1.0  # virtual time of the first packet
 DRAIN_S = 2.0  # virtual time run after the last packet is sent
@@ -128,24 +139,40 @@ class EchoCall:
     played_at: list[float] = field(default_factory=list)
     server: ReceiveStats = field(default_factory=ReceiveStats)
     client: ReceiveStats = field(default_factory=ReceiveStats)
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # both legs', in order
+
+    def heard(self) -> np.ndarray:
+        return np.concatenate(self.played) if self.played else np.zeros(0, np.float32)
+
+    def index_at(self, moment: float) -> float:
+        """The sample of :meth:`heard` being played at ``moment``."""
+        return float(np.searchsorted(self.played_at, moment)) * FRAME_SAMPLES
 
 
-def simulate(audio: np.ndarray, impairment: Impairment, seed: int) -> EchoCall:
+PEAK_LEGS = {"both": (True, True), "server": (True, False), "peer": (False, True)}
+PEAK_LEGS["none"] = (False, False)
+
+
+def simulate(
+    audio: np.ndarray, impairment: Impairment, seed: int, peak_legs: str = "both"
+) -> EchoCall:
     """Echo ``audio`` (48 kHz mono) through both legs impaired alike; ``seed`` draws both
-    links' fates."""
+    links' fates; ``peak_legs``: which receive paths hold the target over recurring delay
+    peaks."""
+    server_peaks, peer_peaks = PEAK_LEGS[peak_legs]
     loop = VirtualLoop()
     lossy = impairment.loss > 0 or impairment.burst_loss > 0
     call = EchoCall()
     # asyncio's loop type is what the links are written against; this one has what they use.
     up = Link("up", seed, loop)  # type: ignore[arg-type]
     down = Link("down", seed, loop)  # type: ignore[arg-type]
-    up.impairment = down.impairment = impairment
+    share_spikes(impairment, up, down)
 
     def hear(frame: np.ndarray) -> None:
         call.played.append(np.asarray(frame, np.float32).reshape(-1))
         call.played_at.append(loop.now)
 
-    client = AudioReceivePath(hear, clock=loop.time, call_at=loop.call_at)
+    client = AudioReceivePath(hear, clock=loop.time, call_at=loop.call_at, peak_mode=peer_peaks)
     server_encoder = _encoder(DEFAULT_BITRATE, lossy, SERVER_COMPLEXITY)
     echoed = itertools.count()
 
@@ -154,7 +181,7 @@ def simulate(audio: np.ndarray, impairment: Impairment, seed: int) -> EchoCall:
         payload = server_encoder.encode(np.asarray(frame, np.float32).reshape(-1))
         down.submit(functools.partial(client.receive, index, index * FRAME_SAMPLES, payload))
 
-    server = AudioReceivePath(echo, clock=loop.time, call_at=loop.call_at)
+    server = AudioReceivePath(echo, clock=loop.time, call_at=loop.call_at, peak_mode=server_peaks)
     peer_encoder = _encoder(PEER_BITRATE, lossy)
     frames = len(audio) // FRAME_SAMPLES
     for index in range(frames):
@@ -164,6 +191,7 @@ def simulate(audio: np.ndarray, impairment: Impairment, seed: int) -> EchoCall:
         up.submit(functools.partial(server.receive, index, index * FRAME_SAMPLES, payload))
     loop.run_until(START_S + frames * FRAME_SAMPLES / RTC_RATE + DRAIN_S)
     call.server, call.client = server.stats, client.stats
+    call.stalls = sorted(set(up.spikes) | set(down.spikes))
     server.close()
     client.close()
     return call
@@ -171,8 +199,7 @@ def simulate(audio: np.ndarray, impairment: Impairment, seed: int) -> EchoCall:
 
 def measure(audio: np.ndarray, call: EchoCall) -> dict[str, Any]:
     """PESQ-WB of what the peer played against ``audio``, and the mouth-to-ear delay."""
-    played = np.concatenate(call.played) if call.played else np.zeros(0, np.float32)
-    scored = echo_score(audio, played, SETTLE_S)
+    scored = echo_score(audio, call.heard(), SETTLE_S)
     if scored is None or scored.pesq_wb is None:
         raise RuntimeError("no speech came back from the simulated call")
     # Frame j of what was played starts at played sample j * FRAME_SAMPLES, which carries
@@ -185,13 +212,31 @@ def measure(audio: np.ndarray, call: EchoCall) -> dict[str, Any]:
     return {"pesq_wb": round(scored.pesq_wb, 3), "delay_ms": delay_ms}
 
 
-def profile_row(name: str, audio: np.ndarray, seeds: int) -> dict[str, Any]:
+def tone_holes(seconds: float, impairment: Impairment, seed: int, peak_legs: str) -> dict[str, Any]:
+    """A tone through the same legs: its holes (after ``SETTLE_S``, the drain left out)
+    and the holes each stall opened."""
+    sent = tone(seconds)
+    call = simulate(sent, impairment, seed, peak_legs)
+    heard = call.heard()[: len(sent)]
+    found = holes(heard[int(SETTLE_S * RTC_RATE) :], level=TONE_LEVEL / np.sqrt(2))
+    by_stall = holes_by_stall(heard, call.index_at, call.stalls)
+    return {
+        "holes": len(found.lengths_ms),
+        "silent_pct": round(100 * found.silent_share, 2),
+        "holes_by_stall": by_stall,
+        "late_stall_holes": sum(by_stall[2:]),
+    }
+
+
+def profile_row(name: str, audio: np.ndarray, seeds: int, peak_legs: str) -> dict[str, Any]:
     calls = []
+    seconds = len(audio) / RTC_RATE
     for seed in range(seeds):
-        call = simulate(audio, PROFILES[name], seed)
+        call = simulate(audio, PROFILES[name], seed, peak_legs)
         calls.append(
             {
                 **measure(audio, call),
+                "tone": tone_holes(seconds, PROFILES[name], seed, peak_legs),
                 "legs": {
                     "server": leg_counts(vars(call.server)),
                     "client": leg_counts(vars(call.client)),
@@ -204,8 +249,13 @@ def profile_row(name: str, audio: np.ndarray, seeds: int) -> dict[str, Any]:
     def median_count(leg: str, key: str) -> float:
         return statistics.median(call["legs"][leg][key] for call in calls)
 
+    tones = [call["tone"] for call in calls]
     return {
         "profile": name,
+        "peak_legs": peak_legs,
+        "holes": sum(t["holes"] for t in tones),
+        "silent_pct": round(statistics.median(t["silent_pct"] for t in tones), 2),
+        "late_stall_holes": sum(t["late_stall_holes"] for t in tones),
         "pesq_wb": round(statistics.median(scores), 3),
         "pesq_wb_range": f"{min(scores)}-{max(scores)}",
         "delay_ms": round(statistics.median(delays), 1) if delays else None,
@@ -222,6 +272,10 @@ def profile_row(name: str, audio: np.ndarray, seeds: int) -> dict[str, Any]:
 
 COLUMNS = (
     "profile",
+    "peak_legs",
+    "holes",
+    "silent_pct",
+    "late_stall_holes",
     "pesq_wb",
     "pesq_wb_range",
     "delay_ms",
@@ -240,13 +294,21 @@ def main() -> None:
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     parser.add_argument("--seeds", type=int, default=12, help="calls per profile (median)")
     parser.add_argument("--seconds", type=float, default=15.0, help="per call")
+    parser.add_argument(
+        "--peak-legs",
+        nargs="+",
+        default=["both"],
+        choices=list(PEAK_LEGS),
+        help="which receive paths run the delay-peak mode (one row per choice)",
+    )
     parser.add_argument("--name", default="playout_sim", help="bench/results/NAME.json")
     args = parser.parse_args()
     audio = speech(args.seconds).astype(np.float32)
     rows = []
     for name in args.profiles:
-        rows.append(profile_row(name, audio, args.seeds))
-        print_table(rows[-1:], COLUMNS)
+        for peak_legs in args.peak_legs:
+            rows.append(profile_row(name, audio, args.seeds, peak_legs))
+            print_table(rows[-1:], COLUMNS)
     print()
     print_table(rows, COLUMNS)
     path = write_results(

@@ -18,6 +18,16 @@ that amount from the packets themselves; this is the same design, with its time 
   histogram noticed. Slow decay: that peak halves every ``peak_half_life`` seconds, and the
   spike's weight in the histogram fades packet by packet, so some 2 to 3 s of calm bring
   the target back to the calm level instead of snapping back before the next stall.
+- Delay peaks that recur: a link that stalls every few seconds (a radio scanning or
+  retraining) would otherwise pay for every stall twice, a hole while the buffer runs dry
+  and then seconds of shedding the delay it grew, only for the next stall to find the
+  buffer back at the calm level. As NetEq's ``DelayPeakDetector``: a packet whose delay
+  stands ``PEAK_MARGIN_S`` above the calm target (and twice as high) is a *peak*; the
+  packets of one stall, released together, are one peak (those within ``PEAK_MERGE_S`` of
+  the last). Once ``PEAKS_TO_TRIGGER`` peaks have come, each within ``MAX_PEAK_PERIOD_S``
+  of the one before, the target stays at least as high as the highest of them, for as long
+  as the next peak is no later than twice the longest period seen; then it decays as any
+  spike does. A lone spike changes nothing: the peak mode begins at the second one.
 - A floor (one frame: less cannot be played) and a ceiling (beyond it, waiting costs more
   than the late audio is worth).
 
@@ -38,6 +48,7 @@ restart, a timestamp jump, an outage of seconds): it only resets the earliest ex
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 CLOCK_RATE = 48_000
@@ -50,6 +61,11 @@ FORGET_FACTOR = 0.983  # NetEq's, per packet: a memory of about 60 packets (1.2 
 FLOOR_S = 0.02  # one 20 ms frame
 CEILING_S = 0.5
 PEAK_HALF_LIFE_S = 0.5
+PEAK_MARGIN_S = 0.04  # a peak stands this far above the calm target...
+PEAK_MERGE_S = 0.3  # ...and a late packet this soon after the last peak's is the same peak
+PEAKS_TO_TRIGGER = 2
+MAX_PEAK_PERIOD_S = 10.0  # peaks further apart than this are not a pattern (NetEq's)
+MAX_PEAKS = 8  # the heights and periods remembered
 # The running scale is folded back into the weights before it underflows (a packet's weight
 # is divided by it): 0.983 ** 40000, some 13 minutes of 20 ms packets.
 RESCALE_BELOW = 1e-300
@@ -65,6 +81,7 @@ class PlayoutDelayEstimator:
     decays, in seconds of arrival time. ``bucket``: the histogram's resolution; the target
     is a bucket's upper edge, so it may exceed what the packets need by up to one bucket
     (a playout buffer that pays that on every leg of a call may want finer buckets).
+    ``peak_mode``: hold the target over delay peaks that recur (see the module's notes).
     """
 
     def __init__(
@@ -77,6 +94,7 @@ class PlayoutDelayEstimator:
         ceiling: float = CEILING_S,
         peak_half_life: float = PEAK_HALF_LIFE_S,
         bucket: float = BUCKET_S,
+        peak_mode: bool = True,
     ) -> None:
         if clock_rate <= 0 or peak_half_life <= 0 or bucket <= 0:
             raise ValueError("clock_rate, peak_half_life and bucket must be positive")
@@ -106,6 +124,9 @@ class PlayoutDelayEstimator:
         self._fastest: deque[tuple[float, float]] = deque()
         self._peak = 0.0  # the fast-attack level, as set...
         self._peak_at = 0.0  # ...at this arrival time
+        self._peaks = DelayPeaks() if peak_mode else None
+        self._calm = floor  # the histogram's quantile as of the last packet
+        self._last_arrival = 0.0
         self.target = floor  # seconds, as of the last packet
 
     def add(self, timestamp: int, arrival: float) -> float:
@@ -119,8 +140,19 @@ class PlayoutDelayEstimator:
         peak = self._peak * 0.5 ** (max(0.0, arrival - self._peak_at) / self._half_life)
         if covered > peak:  # fast attack
             self._peak, self._peak_at, peak = covered, arrival, covered
-        self.target = min(self._ceiling, max(self._floor, self._quantile_delay(), peak))
+        if self._peaks is not None:
+            if covered >= max(self._calm + PEAK_MARGIN_S, 2 * self._calm):
+                self._peaks.peak(arrival, covered)
+            peak = max(peak, self._peaks.hold(arrival))
+        self._calm = self._quantile_delay()
+        self._last_arrival = arrival
+        self.target = min(self._ceiling, max(self._floor, self._calm, peak))
         return self.target
+
+    @property
+    def peak_mode(self) -> bool:
+        """Whether recurring peaks hold the target now."""
+        return self._peaks is not None and self._peaks.hold(self._last_arrival) > 0.0
 
     def expected_arrival(self, timestamp: int) -> float | None:
         """When the earliest expectation says a packet with this RTP timestamp arrives.
@@ -193,3 +225,39 @@ class PlayoutDelayEstimator:
             index += 1
         self._index, self._below = index, below
         return (index + 1) * self._bucket
+
+
+class DelayPeaks:
+    """The delay peaks of the recent past, and whether they recur (times in seconds).
+
+    What ``hold`` needs (the highest peak, the longest period) is kept up to date as peaks
+    come, so the per-packet question costs two comparisons.
+    """
+
+    def __init__(self) -> None:
+        self._peaks: deque[tuple[float, float]] = deque(maxlen=MAX_PEAKS)  # (start, height)
+        self._last_at = -1e9  # the last peak packet's arrival
+        self._highest = 0.0
+        self._longest = 0.0  # the longest period between the remembered peaks' starts
+
+    def peak(self, arrival: float, height: float) -> None:
+        """A packet ``height`` late (seconds) that stands out of the calm came at ``arrival``."""
+        peaks = self._peaks
+        if peaks and arrival - self._last_at <= PEAK_MERGE_S:  # the same stall's release
+            start, highest = peaks[-1]
+            peaks[-1] = (start, max(highest, height))
+        else:
+            if peaks and arrival - peaks[-1][0] > MAX_PEAK_PERIOD_S:
+                peaks.clear()
+            peaks.append((arrival, height))
+        self._last_at = arrival
+        self._highest = max(height for _, height in peaks)
+        self._longest = max(
+            (later[0] - earlier[0] for earlier, later in itertools.pairwise(peaks)), default=0.0
+        )
+
+    def hold(self, now: float) -> float:
+        """The delay the recurring peaks ask the target to cover at ``now`` (0: none)."""
+        if len(self._peaks) < PEAKS_TO_TRIGGER or now - self._peaks[-1][0] > 2 * self._longest:
+            return 0.0
+        return self._highest

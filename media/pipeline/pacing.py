@@ -93,7 +93,11 @@ class OutputCushion:
 
     @staticmethod
     def _new_estimator() -> PlayoutDelayEstimator:
-        return PlayoutDelayEstimator(bucket=DELAY_BUCKET_S, ceiling=CUSHION_CEILING_S)
+        # The cushion absorbs the engine's and the loop's hiccups, not a radio's: recurring
+        # peaks there are load, which holding more delay would not cure.
+        return PlayoutDelayEstimator(
+            bucket=DELAY_BUCKET_S, ceiling=CUSHION_CEILING_S, peak_mode=False
+        )
 
     def wrote(self, written: int, now: float) -> None:
         """The source's written position moved to ``written`` at ``now``."""

@@ -234,9 +234,11 @@ class AudioReceivePath:
         call_at: Callable[[float, Callable[[], None]], Any] | None = None,
         decoder: OpusDecoder | None = None,
         on_error: ErrorSink | None = None,
+        peak_mode: bool = True,
     ) -> None:
         loop = asyncio.get_running_loop() if clock is None or call_at is None else None
         self._sink = sink
+        self._peak_mode = peak_mode
         self._clock = clock or loop.time  # type: ignore[union-attr]
         self._call_at = call_at or loop.call_at  # type: ignore[union-attr]
         self._decoder = decoder or OpusDecoder(channels=1)
@@ -253,7 +255,7 @@ class AudioReceivePath:
         self._previous: tuple[int, int] | None = None  # (seq, timestamp) of the last arrival
         self._decoded = _Decoded()
         self._splicer = Splicer()
-        self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
+        self._estimator = self._new_estimator()
         self._covered = 0  # samples expanded while waiting for the next packet
         self._concealed_run = 0  # frames of PLC since the last packet decoded
         # PLC played in place of a packet still awaited: libopus's state is that far ahead.
@@ -353,6 +355,9 @@ class AudioReceivePath:
 
     # --- packets -------------------------------------------------------------------------
 
+    def _new_estimator(self) -> PlayoutDelayEstimator:
+        return PlayoutDelayEstimator(bucket=DELAY_BUCKET_S, peak_mode=self._peak_mode)
+
     def _restart(self, seq: int, timestamp: int) -> None:
         """A new stream (sender restart or a huge gap): forget the old sequence and timing.
 
@@ -367,7 +372,7 @@ class AudioReceivePath:
         self._learnt_frame = False
         self._steps.clear()
         self._covered = 0
-        self._estimator = PlayoutDelayEstimator(bucket=DELAY_BUCKET_S)
+        self._estimator = self._new_estimator()
 
     def _resume_after_idle(self, seq: int, timestamp: int) -> None:
         """Packets again after the slots stopped: what was missed meanwhile is long gone."""

@@ -97,10 +97,11 @@ def test_uniform_jitter_of_30ms_gives_a_target_around_30ms() -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_a_wifi_stall_raises_the_target_at_once_and_it_decays_within_3s(seed: int) -> None:
+    """Fast attack and slow decay alone (the peak mode would hold these stalls: see below)."""
     rng = np.random.default_rng(seed)
     delays = calm(25, seed=seed)
     stalls = [stall(delays, at, rng.uniform(0.15, 0.3)) for at in (5.0, 10.0, 15.0, 20.0)]
-    run = play(delays)
+    run = play(delays, estimator=PlayoutDelayEstimator(peak_mode=False))
     calm_level = run.at(4.9)
     assert calm_level == FLOOR_S
     for release, lateness in stalls:
@@ -110,6 +111,61 @@ def test_a_wifi_stall_raises_the_target_at_once_and_it_decays_within_3s(seed: in
         assert np.all(np.diff(after) <= 1e-12), "then it only comes down"
         assert run.at(release + 0.5) >= calm_level + 0.05, "and not at once"
         assert run.at(release + 3.0) <= calm_level + 0.02, "back near calm within 3 s"
+
+
+def test_a_lone_stall_does_not_start_the_peak_mode() -> None:
+    delays = calm(15, seed=3)
+    release, lateness = stall(delays, 5.0, 0.17)
+    estimator = PlayoutDelayEstimator()
+    run = play(delays, estimator=estimator)
+    assert run.at(release) >= lateness
+    assert run.at(release + 3.0) <= FLOOR_S + 0.02
+    assert not estimator.peak_mode
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stalls_that_recur_hold_the_target_over_the_highest_until_they_stop(seed: int) -> None:
+    """Stalls of 110-170 ms every 3 s: from the second on the target stays over the highest
+    seen, so no later stall finds the buffer short; 6 s (twice the period) after the last
+    one it lets go and decays as after any spike."""
+    rng = np.random.default_rng(seed)
+    delays = calm(32, seed=seed)
+    starts = (3.0, 6.0, 9.0, 12.0, 15.0)
+    stalls = [stall(delays, at, rng.uniform(0.11, 0.17)) for at in starts]
+    estimator = PlayoutDelayEstimator()
+    run = play(delays, estimator=estimator)
+    first_release = stalls[0][0]
+    assert run.at(first_release + 2.5) <= FLOOR_S + 0.02, "one stall is no pattern yet"
+    for index, (release, _) in enumerate(stalls[1:], start=1):
+        highest = max(height for _, height in stalls[: index + 1])
+        held = run.between(release, stalls[-1][0] + 5.9)
+        assert np.all(held >= highest - 0.005), "held over every peak seen so far"
+        if index + 1 < len(stalls):
+            next_release = stalls[index + 1][0]
+            before = run.between(next_release - 0.5, next_release)
+            assert np.all(before >= stalls[index + 1][1] - 0.03), "the next one finds it ready"
+    last_release = stalls[-1][0]
+    assert run.at(last_release + 6.5) < run.at(last_release + 5.5), "let go after 2 periods"
+    assert run.at(last_release + 6.2 + 3.0) <= FLOOR_S + 0.02
+    assert not estimator.peak_mode
+
+
+def test_stalls_more_than_10s_apart_are_no_pattern() -> None:
+    delays = calm(40, seed=4)
+    stalls = [stall(delays, at, 0.15) for at in (2.0, 12.5, 23.0, 33.5)]
+    run = play(delays)
+    for release, lateness in stalls:
+        assert run.at(release) >= lateness - 1e-9
+        assert run.at(release + 3.0) <= FLOOR_S + 0.02, "each decays as a lone spike"
+
+
+def test_jitter_and_reordering_are_not_peaks() -> None:
+    """Uniform jitter of 30 ms, which reorders packets sent 20 ms apart, stays under the
+    margin a peak needs: the target is the histogram's, as without the peak mode."""
+    delays = calm(30, seed=6, jitter=0.03)
+    held = play(delays)
+    plain = play(delays, estimator=PlayoutDelayEstimator(peak_mode=False))
+    np.testing.assert_array_equal(held.targets, plain.targets)
 
 
 def test_reordered_packets_count_with_their_lateness() -> None:
@@ -221,7 +277,7 @@ def test_the_quantile_sets_how_many_late_packets_are_covered() -> None:
     late = rng.random(len(delays)) < 0.2
     delays[late] += 0.055
     for quantile, expected in ((0.7, FLOOR_S), (0.95, 0.06)):
-        estimator = PlayoutDelayEstimator(quantile=quantile, peak_half_life=0.002)
+        estimator = PlayoutDelayEstimator(quantile=quantile, peak_half_life=0.002, peak_mode=False)
         run = play(delays, estimator=estimator)
         on_time = run.targets[~late[run.slots]][150:]
         assert np.median(on_time) == pytest.approx(expected)
@@ -239,7 +295,9 @@ def test_the_target_is_the_quantile_of_the_forgetting_histogram_over_a_long_call
     delays = np.concatenate(minutes) + (rng.random(45_000) < 0.01) * 0.3
     delays[::10] = 0.0
     bucket = 0.005
-    estimator = PlayoutDelayEstimator(peak_half_life=1e-9, floor=0.0, bucket=bucket)
+    estimator = PlayoutDelayEstimator(
+        peak_half_life=1e-9, floor=0.0, bucket=bucket, peak_mode=False
+    )
     histogram = np.zeros(round(1.0 / bucket))
     peak, peak_at = 0.0, 0.0  # a straggler's peak holds until the packets sent after it
     wrong = []
