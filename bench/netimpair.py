@@ -399,7 +399,7 @@ def _rtt_series(result: dict[str, Any], markers: ChirpInserter) -> list[tuple[fl
 
 def interrupts(count: int, seconds_in: float) -> dict[str, Any]:
     """Interrupt-to-silence at the listener: ``python -m server peer --interrupt-after``."""
-    heard, after = [], []
+    heard, after, wire, wire_after = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         wav = Path(tmp) / "silence.wav"
         write_wav(wav, np.zeros(int((seconds_in + 2.0) * RTC_RATE), np.float32), RTC_RATE)
@@ -422,8 +422,17 @@ def interrupts(count: int, seconds_in: float) -> dict[str, Any]:
                 if report["interrupt_to_silence_ms"] is not None:
                     heard.append(report["interrupt_to_silence_ms"])
                     after.append(report["audible_after_silence_ms"])
+                if report["interrupt_last_speech_packet_ms"] is not None:
+                    wire.append(report["interrupt_last_speech_packet_ms"])
+                    wire_after.append(report["interrupt_packets_after_silence"])
     return {
         "runs": len(heard),
+        # On the wire (loopback: the peer's arrival is the server's send): the last packet
+        # with sound after the message, and packets with sound after the first silent one.
+        "last_speech_packet_ms": wire,
+        "last_speech_packet_p50_ms": percentile(wire, 50),
+        "last_speech_packet_p95_ms": percentile(wire, 95),
+        "packets_after_silence_max": max(wire_after) if wire_after else None,
         "interrupt_to_silence_ms": heard,
         "p50_ms": percentile(heard, 50),
         "p95_ms": percentile(heard, 95),
@@ -510,6 +519,12 @@ def main() -> int:
             f"\ninterrupt to silence at the listener ({interrupted['runs']} runs): "
             f"p50 {interrupted['p50_ms']} ms, p95 {interrupted['p95_ms']} ms; audible after "
             f"the first silent frame: {interrupted['audible_after_silence_ms_max']} ms at most"
+        )
+        print(
+            f"interrupt to the last speech packet on the wire: p50 "
+            f"{interrupted['last_speech_packet_p50_ms']} ms, p95 "
+            f"{interrupted['last_speech_packet_p95_ms']} ms; packets with sound after the "
+            f"first silent one: {interrupted['packets_after_silence_max']} at most"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
     plotted = plot(rows, RESULTS / f"{args.name}.png")

@@ -28,6 +28,7 @@ from media.audio.frames import RTC_RATE
 from media.audio.wav import read_wav, write_wav
 from media.rtc.compat import accept_rsa_dtls_peers, restrict_host_addresses
 from peer.call import CONNECT_TIMEOUT_S, PeerCall
+from peer.packet_tap import PacketTap
 from peer.probe import (
     ChirpInserter,
     marker_rtts,
@@ -112,6 +113,11 @@ class PeerReport:
     # how much audible audio came after the first silent frame (should be none).
     interrupt_to_silence_ms: float | None = None
     audible_after_silence_ms: float | None = None
+    # ...and on the wire: from sending `interrupt` to the arrival of the last packet with
+    # sound (over loopback, when the server sent it), and packets with sound after the
+    # first silent one.
+    interrupt_last_speech_packet_ms: float | None = None
+    interrupt_packets_after_silence: int | None = None
 
 
 @dataclass
@@ -189,6 +195,7 @@ async def call(opts: PeerOptions) -> CallResult:
         await asyncio.sleep(delay)
         interrupted.append(await peer.send({"type": "interrupt"}))
 
+    tap = PacketTap(peer.receive) if opts.interrupt_after is not None else None
     try:
         async with peer:
             if opts.say:
@@ -225,6 +232,9 @@ async def call(opts: PeerOptions) -> CallResult:
         if interrupted and peer.recorder.frames
         else None
     )
+    wire: tuple[float | None, int | None] = (None, None)
+    if interrupted and tap is not None:
+        wire = tap.last_speech_after(interrupted[0]), tap.audible_after_silence(interrupted[0])
     report = PeerReport(
         ok=error is None,
         error=error,
@@ -242,6 +252,8 @@ async def call(opts: PeerOptions) -> CallResult:
         expanded_ms=stats.expanded_ms,
         interrupt_to_silence_ms=heard.to_silence_ms if heard else None,
         audible_after_silence_ms=heard.audible_after_ms if heard else None,
+        interrupt_last_speech_packet_ms=wire[0],
+        interrupt_packets_after_silence=wire[1],
     )
     return CallResult(report, sent, received)
 

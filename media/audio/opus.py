@@ -30,6 +30,7 @@ _SET_COMPLEXITY = 4010
 _SET_INBAND_FEC = 4012
 _SET_PACKET_LOSS_PERC = 4014
 _GET_LOOKAHEAD = 4027
+_SET_PREDICTION_DISABLED = 4042
 
 
 class OpusError(RuntimeError):
@@ -180,6 +181,12 @@ class OpusEncoder:
         """The packet loss to plan for: with FEC on and above 0, each packet carries a copy
         of the one before it (libopus then codes in its SILK or hybrid modes)."""
         self._ctl(_SET_PACKET_LOSS_PERC, percent if self.fec else 0)
+
+    def set_prediction_disabled(self, disabled: bool) -> None:
+        """Code the next frames independently of the ones before (no inter-frame prediction):
+        the decoder then follows a sudden drop to silence within the frame, where predicted
+        energies decay over the next packet (used after an interrupt's fade)."""
+        self._ctl(_SET_PREDICTION_DISABLED, int(disabled))
 
     def encode(self, pcm: np.ndarray) -> bytes:
         """Encode one frame (2.5-60 ms of float32 samples, interleaved when stereo)."""

@@ -19,11 +19,16 @@ from media.audio.opus import OpusEncoder
 from media.audio.ringbuffer import RingBuffer
 from media.pipeline.pacing import FramePacer, OutputCushion
 
-# An interruption fades out over the first half of the next frame: long enough not to click,
-# short enough that the track is silent 10 ms into that frame. The rest of that frame is
-# zeros, so the encoder's lookahead (6.5 ms) carries the end of the fade in the same packet:
-# the packet after it decodes to silence.
-FADE_SAMPLES = FRAME_SAMPLES // 2
+# An interruption fades out over the first quarter of the next frame: long enough not to
+# click, short enough that the packet after it decodes to silence. The rest of that frame is
+# zeros, so the encoder's lookahead (6.5 ms) carries the whole fade in the same packet; what
+# libopus still lets through into the next packet (MDCT spreading, and in SILK and hybrid
+# modes the predicted energies decaying) is what decides that packet. Measured on speech
+# peaking at -1 dBFS, 72 interrupt points, 96 kb/s: packets after the fade's above -50 dBFS
+# 11 % with a 10 ms fade, 1 % with 5 ms (CELT); with FEC planned for loss (SILK/hybrid) 32 %
+# and 15 %, and 4 % once the fade's frame and the next are coded without prediction.
+FADE_SAMPLES = FRAME_SAMPLES // 4
+INDEPENDENT_AFTER_FADE = 2  # frames coded without inter-frame prediction: the fade's, the next
 FADE_SECONDS = FADE_SAMPLES / RTC_RATE
 
 # ``(samples, no_audio)``: ``no_audio`` when none of the buffered audio left in this frame
@@ -74,6 +79,7 @@ class OutboundAudio:
         self.frames_sent = 0
         self.silence_sent = 0
         self.expanded_sent = 0  # frames that were mostly expansion of a late hop
+        self._independent = 0  # frames still to code without prediction (after a fade)
         self._closed = False
 
     @property
@@ -92,7 +98,8 @@ class OutboundAudio:
         samples, is_silence = await self.pacer.next_frame()
         if self._closed:
             raise OutputClosed  # the session ended while this frame waited
-        payload = encode_frame(self.encoder, samples) if encode else b""
+        payload = self._encode(samples) if encode else b""
+        self._independent = max(0, self._independent - 1)
         frame = OutboundFrame(samples, payload, self.pacer.pts, is_silence)
         cushion = self.pacer.cushion
         expanded = not is_silence and cushion is not None and cushion.last_expanded
@@ -102,6 +109,15 @@ class OutboundAudio:
         if self._on_frame is not None:  # told once the frame leaves: encoded
             self._on_frame(samples, is_silence or expanded)
         return frame
+
+    def _encode(self, samples: np.ndarray) -> bytes:
+        if not self._independent:
+            return encode_frame(self.encoder, samples)
+        self.encoder.set_prediction_disabled(True)
+        try:
+            return encode_frame(self.encoder, samples)
+        finally:
+            self.encoder.set_prediction_disabled(False)
 
     def write(self, samples: np.ndarray) -> None:
         if len(samples):
@@ -120,7 +136,7 @@ class OutboundAudio:
         """Keep the next ``FADE_SAMPLES`` of what is queued, faded to zero; drop the rest.
 
         Returns how many samples were dropped. The next frame starts where the audio was
-        and reaches silence half-way through, instead of cutting off with a click; the rest
+        and reaches silence a quarter of the way through, instead of cutting off with a click; the rest
         of it is zeros, so it is a whole frame (a half one went out as a 10 ms packet and
         broke the frame grid, and the speech in the encoder's lookahead followed in the
         packets after it). Nothing that was played may come back as expansion either.
@@ -138,6 +154,7 @@ class OutboundAudio:
             self.buffer.write(head * ramp)
             self.buffer.write(np.zeros(FRAME_SAMPLES - len(head), np.float32))
             self.pacer.notify()
+            self._independent = INDEPENDENT_AFTER_FADE
         return dropped
 
     def close(self) -> None:
