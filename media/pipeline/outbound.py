@@ -136,10 +136,11 @@ class OutboundAudio:
         """Keep the next ``FADE_SAMPLES`` of what is queued, faded to zero; drop the rest.
 
         Returns how many samples were dropped. The next frame starts where the audio was
-        and reaches silence a quarter of the way through, instead of cutting off with a click; the rest
-        of it is zeros, so it is a whole frame (a half one went out as a 10 ms packet and
-        broke the frame grid, and the speech in the encoder's lookahead followed in the
-        packets after it). Nothing that was played may come back as expansion either.
+        and reaches silence a quarter of the way through, instead of cutting off with a
+        click; the rest of it is zeros, so it is a whole frame (a part one went out as a
+        short packet and broke the frame grid, and the speech in the encoder's lookahead
+        followed in the packets after it). Nothing that was played may come back as
+        expansion either.
         """
         playing = FADE_SAMPLES
         if self.pacer.holding:  # an utterance waiting for its pre-buffer was never heard
