@@ -9,7 +9,10 @@
 Each server runs pinned to core 0 and this client to core 1, so figures are per server
 core. At each level the client holds that many calls: load callers send pre-encoded speech
 and only count what comes back; up to three probe callers per level send chirp markers and
-decode, giving RTT. Per level: RTT p50/p95, packets lost, server CPU and RSS, client CPU.
+decode, giving RTT. Per level: RTT p50/p95, packets lost, server CPU and RSS, client CPU,
+and the server CPU each session added over the level before (``marginal_cpu_ms``, per
+session-second); per engine, the slope of server CPU over the levels held: what one more
+session costs, beside how many were held.
 A level is held when RTT p95 <= 100 ms, loss < 1 % and RTT does not grow during the level.
 Echo and denoise have their own level lists: a denoise stream costs several echo streams.
 ``denoise`` (every session in one model call per hop) and ``denoise-libdf`` (libDF's C
@@ -201,6 +204,32 @@ def held(row: dict[str, Any]) -> bool:
     )
 
 
+def marginal_cpu_ms(rows: list[dict[str, Any]]) -> float | None:
+    """Server CPU per session-second added by one more session, in milliseconds: the
+    least-squares slope of server CPU (cores) over sessions across the levels held (all
+    levels when fewer than two were held). What a session costs beyond the server's fixed
+    share (its loop, timers, the process), which the average over a level hides."""
+    series = [row for row in rows if row["held"]]
+    if len(series) < 2:
+        series = rows
+    if len({row["sessions"] for row in series}) < 2:
+        return None
+    sessions = np.array([row["sessions"] for row in series], dtype=np.float64)
+    cpu = np.array([row["server_cpu"] for row in series], dtype=np.float64)
+    slope = np.polyfit(sessions, cpu, 1)[0]
+    return round(1000 * float(slope), 2)
+
+
+def add_step_slopes(rows: list[dict[str, Any]]) -> None:
+    """Each level's CPU per session-second beyond the level before it (ms), in place."""
+    for before, row in zip([None, *rows], rows, strict=False):
+        if before is None or row["sessions"] == before["sessions"]:
+            row["marginal_cpu_ms"] = None
+            continue
+        step = (row["server_cpu"] - before["server_cpu"]) / (row["sessions"] - before["sessions"])
+        row["marginal_cpu_ms"] = round(1000 * step, 2)
+
+
 async def run_sweep(
     kind: str, engine: str, levels: list[int], seconds: float, clips: Clips
 ) -> list[dict]:
@@ -217,6 +246,7 @@ async def run_sweep(
                     )
                     row.update(server=kind, engine=engine, held=held(row))
                     rows.append(row)
+                    add_step_slopes(rows)
                     print_table([row], COLUMNS)
                     if not row["held"] and (row["rtt_ms_p95"] or 1e9) > 3 * HELD_RTT_P95_MS:
                         break  # far past the knee: higher levels only take longer to fail
@@ -255,7 +285,7 @@ async def run_overload(engine: str, limit: int, seconds: float, clips: Clips) ->
 
 COLUMNS = [
     "server", "engine", "sessions", "rtt_ms_p50", "rtt_ms_p95", "rtt_growth_ms", "loss",
-    "server_cpu", "server_rss_mb", "client_cpu", "held",
+    "server_cpu", "marginal_cpu_ms", "server_rss_mb", "client_cpu", "held",
 ]  # fmt: skip
 OVERLOAD_COLUMNS = [
     "engine", "max_sessions", "sessions", "offered", "refused_503_retry_after",
@@ -287,8 +317,11 @@ def plot(rows: list[dict], path: str) -> None:
     figure.savefig(path, dpi=100)
 
 
-async def run_sweeps(args: argparse.Namespace, clips: Clips) -> tuple[list[dict], dict[str, int]]:
-    """Every server and engine's level sweep; the rows and the highest level each held."""
+async def run_sweeps(
+    args: argparse.Namespace, clips: Clips
+) -> tuple[list[dict], dict[str, int], dict[str, float | None]]:
+    """Every server and engine's level sweep: the rows, the highest level each held and the
+    marginal CPU per session-second of each."""
     rows: list[dict] = []
     for kind in args.servers:
         for engine in args.engines:
@@ -296,21 +329,26 @@ async def run_sweeps(args: argparse.Namespace, clips: Clips) -> tuple[list[dict]
                 continue  # the stock server only echoes
             levels = args.levels if engine == "echo" else args.denoise_levels
             rows += await run_sweep(kind, engine, sorted(set(levels)), args.seconds, clips)
-    summary = {}
+    summary, marginal = {}, {}
     for key in sorted({(r["server"], r["engine"]) for r in rows}):
         series = [r for r in rows if (r["server"], r["engine"]) == key]
         summary[f"{key[0]}/{key[1]}"] = max((r["sessions"] for r in series if r["held"]), default=0)
-    return rows, summary
+        marginal[f"{key[0]}/{key[1]}"] = marginal_cpu_ms(series)
+    return rows, summary, marginal
 
 
-async def run_all(args: argparse.Namespace) -> tuple[list[dict], dict[str, int], list[dict]]:
+Sweeps = tuple[list[dict], dict[str, int], dict[str, float | None], list[dict]]
+
+
+async def run_all(args: argparse.Namespace) -> Sweeps:
     clips = Clips.make()
     rows: list[dict] = []
     summary: dict[str, int] = {}
+    marginal: dict[str, float | None] = {}
     if args.overload_at:  # no sweep: the level to double is given
         limits = dict.fromkeys(args.engines, args.overload_at)
     else:
-        rows, summary = await run_sweeps(args, clips)
+        rows, summary, marginal = await run_sweeps(args, clips)
         skip = args.no_overload or "ours" not in args.servers
         limits = {} if skip else {e: summary.get(f"ours/{e}", 0) for e in args.engines}
     overload = []
@@ -318,7 +356,7 @@ async def run_all(args: argparse.Namespace) -> tuple[list[dict], dict[str, int],
         if limit > 0:  # nothing held: there is no level to double
             overload.append(await run_overload(engine, limit, args.seconds, clips))
             print_table(overload[-1:], OVERLOAD_COLUMNS)
-    return rows, summary, overload
+    return rows, summary, marginal, overload
 
 
 def main() -> int:
@@ -343,11 +381,12 @@ def main() -> int:
     if (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {1})
     restrict_host_addresses(["127.0.0.1"])
-    rows, summary, overload = asyncio.run(run_all(args))
+    rows, summary, marginal, overload = asyncio.run(run_all(args))
     if rows:
         print()
         print_table(rows, COLUMNS)
         print("\nhighest level held (p95 <= 100 ms, loss < 1 %, no growth):", summary)
+        print("marginal server CPU per session-second (ms, slope over the levels held):", marginal)
     if overload:
         print("\noverload: held level H as --max-sessions, H more offered")
         print_table(overload, OVERLOAD_COLUMNS)
@@ -361,6 +400,7 @@ def main() -> int:
             "cores": os.cpu_count(),
             "seconds_per_level": args.seconds,
             "held": summary,
+            "marginal_cpu_ms_per_session_s": marginal,
             "rows": rows,
             "overload": overload,
         },
