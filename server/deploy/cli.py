@@ -6,21 +6,26 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from server.config import Settings, SettingsError, add_serve_arguments, settings_from
-from server.deploy.cluster import with_cluster_defaults
 from server.deploy.engines import check_engines, load_engines
-from server.deploy.runner import Drain, serve_tcp
-from server.http.node import NODE_KEY
-from server.http.observability import METRICS_KEY
-from server.http.routes import node_prefix
 from server.ops.logs import configure_logging
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from server.deploy.runner import Drain
+
+# Each command imports what it runs, so the model host, which the front restarts when it
+# dies, starts without loading the HTTP and WebRTC stack it never serves.
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from server.deploy.cluster import with_cluster_defaults
+    from server.deploy.runner import serve_tcp
     from server.deploy.tls import tls_context
+    from server.http.routes import node_prefix
 
     try:
         settings = settings_from(args)
@@ -67,6 +72,8 @@ def join_cluster(app: web.Application, settings: Settings, drain: Drain) -> Drai
         return drain
     from server.deploy.cluster import Cluster
     from server.deploy.cluster_routes import attach_cluster
+    from server.http.node import NODE_KEY
+    from server.http.observability import METRICS_KEY
 
     node = app[NODE_KEY]
     cluster = Cluster(settings.redis, settings.node_id, node)

@@ -16,7 +16,7 @@ import signal
 from media.engines.registry import EngineRegistry
 from server.config import Settings
 from server.deploy.engines import hostable_names, load_engines
-from server.deploy.worker import die_with_parent
+from server.deploy.parent import die_with_parent
 from server.host.service import ModelHost
 
 log = logging.getLogger(__name__)

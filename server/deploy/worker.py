@@ -8,31 +8,20 @@ worker's peer connections send and receive RTP themselves.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import time
 
 from aiohttp import web
 
 from server.config import Settings
 from server.deploy.engines import load_engines
+from server.deploy.parent import die_with_parent
 from server.deploy.runner import serve_unix
 from server.http.app import SERVER_KEY, create_app, drain_sessions
 from server.http.routes import worker_prefix
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Ask Linux to send SIGTERM when the front exits, so no worker outlives it."""
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        log.warning("cannot tie this worker's life to the front's on this platform")
 
 
 class LoadMeter:
