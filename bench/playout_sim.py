@@ -140,6 +140,9 @@ class EchoCall:
     server: ReceiveStats = field(default_factory=ReceiveStats)
     client: ReceiveStats = field(default_factory=ReceiveStats)
     stalls: list[tuple[float, float]] = field(default_factory=list)  # both legs', in order
+    # Each leg's playout delay (server, client) when the caller sent its last frame: what
+    # the call held, before the end of the stream (waited for, then faded) moves it.
+    playout_ms: tuple[float, float] = (0.0, 0.0)
 
     def heard(self) -> np.ndarray:
         return np.concatenate(self.played) if self.played else np.zeros(0, np.float32)
@@ -154,11 +157,16 @@ PEAK_LEGS["none"] = (False, False)
 
 
 def simulate(
-    audio: np.ndarray, impairment: Impairment, seed: int, peak_legs: str = "both"
+    audio: np.ndarray,
+    impairment: Impairment,
+    seed: int,
+    peak_legs: str = "both",
+    server_leg: str = "relay",
 ) -> EchoCall:
     """Echo ``audio`` (48 kHz mono) through both legs impaired alike; ``seed`` draws both
     links' fates; ``peak_legs``: which receive paths hold the target over recurring delay
-    peaks."""
+    peaks; ``server_leg``: ``relay`` passes a stall on (the server's transform paths do),
+    ``buffer`` holds it as any receive path does."""
     server_peaks, peer_peaks = PEAK_LEGS[peak_legs]
     loop = VirtualLoop()
     lossy = impairment.loss > 0 or impairment.burst_loss > 0
@@ -177,11 +185,20 @@ def simulate(
     echoed = itertools.count()
 
     def echo(frame: np.ndarray) -> None:
-        index = next(echoed)
+        # Numbered by packet and stamped by slot, as the server's sender and pacer do: the
+        # slots the server skipped are a jump in time, not lost packets.
+        seq = next(echoed)
+        timestamp = (seq + server.stats.skipped_slots) * FRAME_SAMPLES
         payload = server_encoder.encode(np.asarray(frame, np.float32).reshape(-1))
-        down.submit(functools.partial(client.receive, index, index * FRAME_SAMPLES, payload))
+        down.submit(functools.partial(client.receive, seq, timestamp, payload))
 
-    server = AudioReceivePath(echo, clock=loop.time, call_at=loop.call_at, peak_mode=server_peaks)
+    server = AudioReceivePath(
+        echo,
+        clock=loop.time,
+        call_at=loop.call_at,
+        peak_mode=server_peaks,
+        relay_stalls=server_leg == "relay",
+    )
     peer_encoder = _encoder(PEER_BITRATE, lossy)
     frames = len(audio) // FRAME_SAMPLES
     for index in range(frames):
@@ -189,6 +206,7 @@ def simulate(
         loop.run_until(sent_at)
         payload = peer_encoder.encode(audio[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES])
         up.submit(functools.partial(server.receive, index, index * FRAME_SAMPLES, payload))
+    call.playout_ms = (server.stats.delay_ms, client.stats.delay_ms)
     loop.run_until(START_S + frames * FRAME_SAMPLES / RTC_RATE + DRAIN_S)
     call.server, call.client = server.stats, client.stats
     call.stalls = sorted(set(up.spikes) | set(down.spikes))
@@ -212,11 +230,13 @@ def measure(audio: np.ndarray, call: EchoCall) -> dict[str, Any]:
     return {"pesq_wb": round(scored.pesq_wb, 3), "delay_ms": delay_ms}
 
 
-def tone_holes(seconds: float, impairment: Impairment, seed: int, peak_legs: str) -> dict[str, Any]:
+def tone_holes(
+    seconds: float, impairment: Impairment, seed: int, peak_legs: str, server_leg: str
+) -> dict[str, Any]:
     """A tone through the same legs: its holes (after ``SETTLE_S``, the drain left out)
     and the holes each stall opened."""
     sent = tone(seconds)
-    call = simulate(sent, impairment, seed, peak_legs)
+    call = simulate(sent, impairment, seed, peak_legs, server_leg)
     heard = call.heard()[: len(sent)]
     found = holes(heard[int(SETTLE_S * RTC_RATE) :], level=TONE_LEVEL / np.sqrt(2))
     by_stall = holes_by_stall(heard, call.index_at, call.stalls)
@@ -228,15 +248,17 @@ def tone_holes(seconds: float, impairment: Impairment, seed: int, peak_legs: str
     }
 
 
-def profile_row(name: str, audio: np.ndarray, seeds: int, peak_legs: str) -> dict[str, Any]:
+def profile_row(
+    name: str, audio: np.ndarray, seeds: int, peak_legs: str, server_leg: str
+) -> dict[str, Any]:
     calls = []
     seconds = len(audio) / RTC_RATE
     for seed in range(seeds):
-        call = simulate(audio, PROFILES[name], seed, peak_legs)
+        call = simulate(audio, PROFILES[name], seed, peak_legs, server_leg)
         calls.append(
             {
                 **measure(audio, call),
-                "tone": tone_holes(seconds, PROFILES[name], seed, peak_legs),
+                "tone": tone_holes(seconds, PROFILES[name], seed, peak_legs, server_leg),
                 "legs": {
                     "server": leg_counts(vars(call.server)),
                     "client": leg_counts(vars(call.client)),
@@ -253,6 +275,7 @@ def profile_row(name: str, audio: np.ndarray, seeds: int, peak_legs: str) -> dic
     return {
         "profile": name,
         "peak_legs": peak_legs,
+        "server_leg": server_leg,
         "holes": sum(t["holes"] for t in tones),
         "silent_pct": round(statistics.median(t["silent_pct"] for t in tones), 2),
         "late_stall_holes": sum(t["late_stall_holes"] for t in tones),
@@ -273,6 +296,7 @@ def profile_row(name: str, audio: np.ndarray, seeds: int, peak_legs: str) -> dic
 COLUMNS = (
     "profile",
     "peak_legs",
+    "server_leg",
     "holes",
     "silent_pct",
     "late_stall_holes",
@@ -301,14 +325,22 @@ def main() -> None:
         choices=list(PEAK_LEGS),
         help="which receive paths run the delay-peak mode (one row per choice)",
     )
+    parser.add_argument(
+        "--server-leg",
+        nargs="+",
+        default=["relay"],
+        choices=["relay", "buffer"],
+        help="relay: the server passes a stall on; buffer: it holds it (one row per choice)",
+    )
     parser.add_argument("--name", default="playout_sim", help="bench/results/NAME.json")
     args = parser.parse_args()
     audio = speech(args.seconds).astype(np.float32)
     rows = []
     for name in args.profiles:
         for peak_legs in args.peak_legs:
-            rows.append(profile_row(name, audio, args.seeds, peak_legs))
-            print_table(rows[-1:], COLUMNS)
+            for server_leg in args.server_leg:
+                rows.append(profile_row(name, audio, args.seeds, peak_legs, server_leg))
+                print_table(rows[-1:], COLUMNS)
     print()
     print_table(rows, COLUMNS)
     path = write_results(

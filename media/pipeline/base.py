@@ -28,6 +28,7 @@ from media.engines.base import Engine, EngineError
 from media.pipeline.events import EventSink
 from media.pipeline.executor import SerialExecutor
 from media.pipeline.outbound import OutboundAudio
+from media.pipeline.pacing import InputStall
 from media.pipeline.stages import DurationHistogram, StageWindow
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class ReceiveStats:
     preemptive_ms: float = 0.0  # audio repeated by preemptive expansion to add delay
     dropped_ms: float = 0.0  # decoded audio dropped beyond the buffer's bound
     skipped_slots: int = 0  # output slots lost to a held-up event loop
+    relayed_stalls: int = 0  # link stalls passed on to the listener, not concealed here
 
 
 class AudioInput(Protocol):
@@ -175,6 +177,15 @@ class Pipeline(ABC):
     @abstractmethod
     def feed(self, pcm: np.ndarray) -> None:
         """One decoded frame (48 kHz float32 mono) from the attached input."""
+
+    # Whether the input should pass a network stall on rather than conceal it
+    # (``media.rtc.receive``'s ``relay_stalls``): a pipeline whose output follows its input
+    # frame for frame, so the listener's buffer can hold the stall once for both legs.
+    relays_input_stalls = False
+
+    def input_stalled(self, edge: InputStall) -> None:
+        """The attached input waits out a network stall, or is done with one."""
+        log.debug("session %s: input stall %s", self._session_id, edge.value)
 
     def input_failed(self, code: str, message: str) -> None:
         """The attached input reports a fault the call survives (e.g. undecodable audio).

@@ -15,6 +15,12 @@ and whenever every frame of the last second had to wait, the schedule moves earl
 shortest wait. Frames then leave the moment they are ready, a frame may be up to a whole
 slot late before the slot is filled, and a transform adds no pacing delay on a steady input.
 
+A stalled input (``input_stall``: the receive path before a transform relays a network
+stall rather than concealing it) turns the underrun rule off: the pacer waits for the held
+audio, sends nothing meanwhile, and then sends the burst on its own unchanged slots (their
+timestamps continue, so the listener sees the lateness and its buffer holds it) as fast as
+it comes, until a frame is on time again.
+
 An adaptive cushion replaces that phase lock and the backlog drops with the receive
 path's playout control: a target delay from when the engine's audio arrives
 (``PlayoutDelayEstimator``, fed at every write), the slot grid kept that far behind the
@@ -25,6 +31,7 @@ cushion they leave shed by acceleration instead of dropped.
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
 from collections.abc import Callable
 
@@ -56,6 +63,14 @@ CUSHION_CEILING_S = 0.04
 CUSHION_GRACE_SECONDS = 0.005
 # An adaptive cushion sheds by acceleration; only audio beyond this is dropped outright.
 CUSHION_BACKLOG_SECONDS = 0.3
+
+
+class InputStall(enum.Enum):
+    """What a relaying input says of a network stall (``media.rtc.receive``)."""
+
+    BEGAN = "began"  # nothing to play and nothing to conceal it with: wait, fill nothing
+    RELAYED = "relayed"  # its audio came and was handed on at once, on the unchanged slots
+    GIVEN_UP = "given_up"  # waited out: its time was concealed and the missed slots skipped
 
 
 class OutputCushion:
@@ -99,9 +114,10 @@ class OutputCushion:
             bucket=DELAY_BUCKET_S, ceiling=CUSHION_CEILING_S, peak_mode=False
         )
 
-    def wrote(self, written: int, now: float) -> None:
-        """The source's written position moved to ``written`` at ``now``."""
-        if self.adaptive and written > self._written:
+    def wrote(self, written: int, now: float, *, timed: bool = True) -> None:
+        """The source's written position moved to ``written`` at ``now``; ``timed``: the
+        write's time says something about the engine (not so for a relayed burst)."""
+        if self.adaptive and timed and written > self._written:
             if self._paused:  # audio again after it stopped: a new stream, a new timing
                 self._estimator = self._new_estimator()
                 self._paused = False
@@ -141,11 +157,14 @@ class OutputCushion:
         self.last_expanded = self._splicer.expanded > samples // 2
         return frame
 
-    def take(self, source: RingBuffer, samples: int, slot_start: float) -> tuple[np.ndarray, float]:
-        """The slot's frame from ``source`` (which holds at least one), and a grid move."""
+    def take(
+        self, source: RingBuffer, samples: int, slot_start: float, *, steady: bool = False
+    ) -> tuple[np.ndarray, float]:
+        """The slot's frame from ``source`` (which holds at least one), and a grid move;
+        ``steady``: no time-scale step (a relayed burst, played on the unchanged grid)."""
         self.last_expanded = False
         change, nudge = 0, 0.0
-        if self.adaptive:
+        if self.adaptive and not steady:
             expected = self._estimator.expected_arrival(source.consumed % TS_MOD)
             if expected is not None and not self._splicer.expanding:
                 self.delay = slot_start - expected
@@ -222,11 +241,30 @@ class FramePacer:
         self._window_min_wait = float("inf")
         self._window_min_left = 1 << 62
         self.phase_corrections = 0
+        # A relayed input stall: waited out, then its burst sent on the unchanged slots.
+        self._input_stalled = False
+        self._catching_up = False
+        self._resumed_at = -math.inf  # when the input said its stall was over
+        self.relayed_stalls = 0
 
     def notify(self) -> None:
         """Called after audio was written to the source, to wake a waiting ``next_frame``."""
         if self.cushion is not None:
-            self.cushion.wrote(self._source.written, self._clock())
+            self.cushion.wrote(self._source.written, self._clock(), timed=not self._catching_up)
+        self._ready.set()
+
+    def input_stall(self, edge: InputStall) -> None:
+        """The input stalled (wait for its audio, fill nothing), or the stall is over: its
+        burst follows on the same slots (``RELAYED``), or nothing does (``GIVEN_UP``: the
+        slots that passed are skipped, as after any late call)."""
+        if edge is InputStall.BEGAN:
+            self.relayed_stalls += not self._input_stalled
+            self._catching_up = True
+        elif edge is InputStall.RELAYED:
+            self._resumed_at = self._clock()
+        else:
+            self._catching_up = False
+        self._input_stalled = edge is InputStall.BEGAN
         self._ready.set()
 
     def restart(self) -> None:
@@ -286,9 +324,12 @@ class FramePacer:
     async def _wait_for_frame(self, deadline: float | None) -> bool:
         while not self._has_frame():
             self._ready.clear()
-            if deadline is None:
+            if deadline is None or self._input_stalled:
                 await self._ready.wait()
                 continue
+            if self._catching_up:  # what the input released may still be in the engine
+                grace = CUSHION_GRACE_SECONDS if self._adaptive else 0.0
+                deadline = max(deadline, self._resumed_at + self._frame_seconds + grace)
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return False
@@ -315,7 +356,7 @@ class FramePacer:
         else:
             self.index += 1
             current = math.floor((self._clock() - self._anchor) / self._frame_seconds)
-            if current > self.index:
+            if current > self.index and not self._catching_up:
                 # Slots that passed while nobody asked: their time is gone, not their audio.
                 # A transform's backlog bound still caps what that leaves queued.
                 self.skipped_slots += current - self.index
@@ -331,8 +372,10 @@ class FramePacer:
             self._idle = False
             if not self._has_frame() and not cushion.expects():
                 return await self._idle_slot(slot_start)
-        grace = CUSHION_GRACE_SECONDS if cushion is not None and cushion.adaptive else 0.0
-        if not await self._wait_for_frame(deadline=slot_start + self._frame_seconds + grace):
+        grace = CUSHION_GRACE_SECONDS if self._adaptive else 0.0
+        deadline = slot_start + self._frame_seconds + grace
+        if not await self._wait_for_frame(deadline):
+            self._catching_up = False
             self.underruns += 1
             filled = cushion.fill(self._source, self._frame_samples) if cushion else None
             if filled is None:
@@ -342,11 +385,17 @@ class FramePacer:
         early = slot_start - self.ready_at
         if early > 0:
             await asyncio.sleep(early)
-        self._trim_backlog()
+        relayed = self._catching_up
+        if relayed and self.ready_at <= deadline and not self._input_stalled:
+            self._catching_up = False  # this frame is on time: the burst is sent
+        if not relayed:
+            self._trim_backlog()
         if cushion is None:
             frame = self._source.read(self._frame_samples)
         else:
-            frame, nudge = cushion.take(self._source, self._frame_samples, slot_start)
+            frame, nudge = cushion.take(
+                self._source, self._frame_samples, slot_start, steady=relayed
+            )
             self._anchor += nudge
         self.taken_at = self._clock()
         if cushion is None or not cushion.adaptive:
@@ -354,6 +403,10 @@ class FramePacer:
         if len(frame) < self._frame_samples:  # a read cut short (e.g. an interrupt's fade)
             frame = np.concatenate([frame, self._silence[len(frame) :]])
         return frame, False
+
+    @property
+    def _adaptive(self) -> bool:
+        return self.cushion is not None and self.cushion.adaptive
 
     async def _idle_slot(self, slot_start: float) -> tuple[np.ndarray, bool]:
         """No audio is due (between utterances): the slot's silence goes at its start.

@@ -33,12 +33,13 @@ from media.pipeline.base import Pipeline, PipelineCounters
 from media.pipeline.events import ENGINE_FAILED, EventSink
 from media.pipeline.latency import InToOutMeter
 from media.pipeline.outbound import OutboundAudio
-from media.pipeline.pacing import OutputCushion
+from media.pipeline.pacing import InputStall, OutputCushion
 from media.pipeline.stages import DurationHistogram, TransformStages, timed_resample
 
 log = logging.getLogger(__name__)
 
-INPUT_QUEUE_FRAMES = 8  # 160 ms of input waiting for the engine, at most
+# Input waiting for the engine, at most: 320 ms, what a relayed stall releases at once.
+INPUT_QUEUE_FRAMES = 16
 OUTPUT_BUFFER_SECONDS = 2.0
 # A transform may hold at most this much audio beyond the frame being sent; more means the
 # input arrived in a burst after a stall, and playing it late is worse than dropping it.
@@ -96,6 +97,7 @@ class TransformPipeline(Pipeline):
         self._inflight: Future[tuple[np.ndarray, Any]] | None = None
 
     def _on_attach(self, first: bool) -> None:
+        self.pacer.input_stall(InputStall.GIVEN_UP)  # the replaced input's stall is not waited for
         if not self._tasks:
             name = f"engine-{self._session_id[:8]}"
             self._tasks = [asyncio.create_task(self._work(), name=name)]
@@ -111,6 +113,13 @@ class TransformPipeline(Pipeline):
         self.stages.pushed(len(pcm), arrived, fed, resample, self._clock())
         if evicted is not None:
             self.latency.dropped(self.stages.evicted(), taken=self.stages.taken)
+
+    relays_input_stalls = True
+
+    def input_stalled(self, edge: InputStall) -> None:
+        """The pacer waits with the input: the stall reaches the listener, not a fill."""
+        super().input_stalled(edge)
+        self.pacer.input_stall(edge)
 
     def _on_frame_sent(self, samples: np.ndarray, is_silence: bool) -> None:
         if not is_silence:

@@ -128,7 +128,12 @@ class RtcConnection:
             await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
             _prefer_opus(pc)
             audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
-            receive = AudioReceivePath(pipeline.feed, on_error=pipeline.input_failed)
+            receive = AudioReceivePath(
+                pipeline.feed,
+                on_error=pipeline.input_failed,
+                relay_stalls=pipeline.relays_input_stalls,
+                on_stall=pipeline.input_stalled,
+            )
             install_receive_path(audio.receiver, receive)
             pipeline.attach(receive)
             if send_audio:

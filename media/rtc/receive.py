@@ -36,7 +36,14 @@ libwebrtc's NetEq instead:
   an exception would end. A stream that stays undecodable is muted, and after
   ``UNDECODABLE_ERROR_S`` reported once through ``on_error``;
 - media a sender delivers beyond real time plus a burst allowance is dropped undecoded
-  (counted as ``over_real_time``): a caller cannot buy more than real time.
+  (counted as ``over_real_time``): a caller cannot buy more than real time;
+- ``relay_stalls`` (the server's leg of an echo or transform call): when a slot runs out
+  with nothing to play and no later packet in hand (the link is stalled, not losing), the
+  path waits instead of concealing, tells ``on_stall``, and when the held packets come it
+  plays their slots back to back until it is on its grid again; those packets do not
+  teach the target (their lateness is the stall's). So a stall passes on to the listener,
+  whose own buffer holds it once, instead of being held by two playout buffers in series.
+  A stall longer than ``RELAY_STALL_MAX_S`` is given up and concealed as before.
 
 ``AudioReceivePath.add`` has the signature of aiortc's ``JitterBuffer.add``, so
 ``media.rtc.compat.install_receive_path`` can put it in an ``RTCRtpReceiver`` in place of the
@@ -63,6 +70,7 @@ from media.audio.playout_delay import PlayoutDelayEstimator
 from media.audio.realtime import RealTimeBudget
 from media.audio.splice import XFADE, Splicer
 from media.pipeline.base import ReceiveStats
+from media.pipeline.pacing import InputStall
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +138,17 @@ UNDECODABLE_AUDIO = "undecodable_audio"  # the error code reported through on_er
 # packet. Taking the last two equal steps instead, two such packets in a row (our own server
 # under eight CosyVoice callers) made the stream "40 ms" and the second of them undecodable.
 FRAME_STEPS = 8
+# A relayed stall is waited out for at most this long from its slot's start: the Wi-Fi
+# stalls bench.netimpair models are 100-300 ms. Beyond it the slots are concealed and
+# skipped as on a path that does not relay (the link may have gone for good).
+RELAY_STALL_MAX_S = 0.32
+# A packet a relayed stall held is left out of the target's statistics when it is this much
+# later than the target allows: a stall, not the link's jitter.
+RELAY_JITTER_MARGIN_S = 0.04
 
 FrameSink = Callable[[np.ndarray], None]
 ErrorSink = Callable[[str, str], None]  # (code, message)
+StallSink = Callable[[InputStall], None]
 
 
 def _seq_delta(a: int, b: int) -> int:
@@ -235,10 +251,16 @@ class AudioReceivePath:
         decoder: OpusDecoder | None = None,
         on_error: ErrorSink | None = None,
         peak_mode: bool = True,
+        relay_stalls: bool = False,
+        on_stall: StallSink | None = None,
     ) -> None:
         loop = asyncio.get_running_loop() if clock is None or call_at is None else None
         self._sink = sink
         self._peak_mode = peak_mode
+        self._relay_stalls = relay_stalls
+        self._on_stall = on_stall
+        # The start of the slot a relayed stall left without audio (None: no stall).
+        self._stall_start: float | None = None
         self._clock = clock or loop.time  # type: ignore[union-attr]
         self._call_at = call_at or loop.call_at  # type: ignore[union-attr]
         self._decoder = decoder or OpusDecoder(channels=1)
@@ -329,7 +351,8 @@ class AudioReceivePath:
             self.stats.duplicates += 1
             return
         self._learn_frame(seq, timestamp)
-        self._estimator.add(timestamp, now)
+        if not self._held_by_stall(timestamp, now):
+            self._estimator.add(timestamp, now)
         if payload and not self._budget.spend(self._frame_samples / RTC_RATE, now):
             # Beyond real time: it keeps its place in the sequence but is never decoded.
             self.stats.over_real_time += 1
@@ -348,6 +371,7 @@ class AudioReceivePath:
 
     def close(self) -> None:
         self._closed = True
+        self._stall_start = None
         self._cancel_timer()
         self._pending.clear()
         self._decoded.clear()
@@ -664,17 +688,58 @@ class AudioReceivePath:
         start = self._slot_start()
         if now + LOSS_TOLERANCE_S < start:
             self._arm(start, waiting=False)  # woke early (the grid moved)
-        elif self._can_play(now) or now >= self._slot_deadline(start) - LOSS_TOLERANCE_S:
+        elif self._can_play(now):
             self._fire(now)
+        elif now >= self._slot_deadline(start) - LOSS_TOLERANCE_S:
+            if self._stalls(now, start):
+                self._arm(self._stall_start + RELAY_STALL_MAX_S, waiting=True)  # type: ignore[operator]
+            else:
+                self._end_stall(InputStall.GIVEN_UP)
+                self._fire(now)
         else:
             self._arm(self._slot_deadline(start), waiting=True)
+
+    def _stalls(self, now: float, start: float) -> bool:
+        """Whether a slot past its deadline waits on as (part of) a relayed stall: nothing
+        to play, no later packet in hand (that would be a loss), a live stream, and the
+        stall not yet waited out. Tells ``on_stall`` when one begins."""
+        if (
+            not self._relay_stalls
+            or self._pending
+            or self._last_timestamp is None
+            or self._splicer.expanding
+            or self._distrust_since is not None
+        ):
+            return False
+        if self._stall_start is None:
+            if self._concealed_run < PLC_IN_PLACE_FRAMES:
+                return False  # a late packet is concealed in place first: jitter, mostly
+            if now - self._last_arrival >= RELAY_STALL_MAX_S:
+                return False  # the stream had stopped already: not a stall to relay
+            self._stall_start = start
+            self.stats.relayed_stalls += 1
+            if self._on_stall is not None:
+                self._on_stall(InputStall.BEGAN)
+        return now < self._stall_start + RELAY_STALL_MAX_S - LOSS_TOLERANCE_S
+
+    def _held_by_stall(self, timestamp: int, now: float) -> bool:
+        """A packet that a relayed stall made later than jitter does: its lateness is the
+        listener's to hold, and counting it would raise this path's target to the stall's
+        height (the packets a short wait released are late by jitter: they count)."""
+        return self._stall_start is not None
+
+    def _end_stall(self, edge: InputStall) -> None:
+        if self._stall_start is not None:
+            self._stall_start = None
+            if self._on_stall is not None:
+                self._on_stall(edge)
 
     def _fire(self, now: float) -> None:
         """Play the current slot: one frame to the sink, then set up the next slot."""
         self._cancel_timer()
         self._waiting = False
         start = self._slot_start()
-        if now - start > 2 * FRAME_SECONDS:
+        if self._stall_start is None and now - start > 2 * FRAME_SECONDS:
             # The loop was held up: the slots that passed are gone (their audio is not).
             behind = int((now - start) / FRAME_SECONDS)
             self._slot += behind
@@ -685,13 +750,16 @@ class AudioReceivePath:
         except Exception:
             log.exception("the receive path failed to play a frame")
         self._slot += 1
-        if self._nudge:
+        if self._nudge and self._stall_start is None:  # a relayed burst keeps the grid
             self._anchor += self._nudge  # type: ignore[operator]
-            self._nudge = 0.0
+        self._nudge = 0.0
         if self._should_idle(now):
             self._idle = True
+            self._end_stall(InputStall.GIVEN_UP)
             return
         start = self._slot_start()
+        if self._stall_start is not None and start > now:
+            self._end_stall(InputStall.RELAYED)  # the held slots are played: on the grid again
         if self._can_play(now):
             self._arm(start, waiting=False)
         else:

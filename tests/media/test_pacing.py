@@ -34,7 +34,7 @@ import pytest
 from media.audio.frames import FRAME_SAMPLES, RTC_RATE
 from media.audio.ringbuffer import RingBuffer
 from media.pipeline import pacing
-from media.pipeline.pacing import FRAME_SECONDS, FramePacer, OutputCushion
+from media.pipeline.pacing import FRAME_SECONDS, FramePacer, InputStall, OutputCushion
 
 T = TypeVar("T")
 
@@ -387,6 +387,44 @@ async def test_audio_released_after_a_stall_leaves_at_the_slot_pace_not_in_a_bur
     assert [t.value for t in burst] == list(range(5, 15))
     assert_slot_pace(burst)
     assert_never_before_its_slot(taken, producer)
+
+
+async def test_a_relayed_input_stall_sends_nothing_then_its_burst_on_the_same_slots() -> None:
+    """A transform's input that passes a network stall on: the pacer fills no slot while
+    it lasts, then sends the held audio at once on the slots it would have had (``pts``
+    runs on without a jump, so the listener sees the lateness and holds it), and the
+    frames after it go one per slot again."""
+
+    async def scenario() -> tuple[Producer, list[Taken]]:
+        producer = make_producer(cushion=OutputCushion(), max_backlog=2 * FRAME)
+        pacer = producer.pacer
+
+        async def stall_then_burst() -> None:
+            start = asyncio.get_running_loop().time()
+            for k in range(25):  # frame k is due at start + k slots
+                await sleep_until(start + k * SLOT)
+                if k == 5:
+                    pacer.input_stall(InputStall.BEGAN)
+                elif k == 14:  # what the stall held (more than the backlog bound), at once
+                    producer.write(10)
+                    pacer.input_stall(InputStall.RELAYED)
+                elif k < 5 or k > 14:
+                    producer.write()
+
+        async with background(stall_then_burst()):
+            taken = await take_until_played(pacer, producer.buffer, 25)
+        return producer, taken
+
+    producer, taken = await on_a_quiet_loop(scenario)
+    pacer = producer.pacer
+    assert not any(t.silence for t in taken)
+    assert values(taken) == list(range(25))  # nothing filled, dropped or skipped
+    assert pacer.underruns == 0 and pacer.skipped_slots == 0 and pacer.backlog_dropped == 0
+    assert [t.pts for t in taken] == [FRAME * k for k in range(taken[0].pts // FRAME, 25)]
+    burst = [t for t in taken if 5 <= t.value < 13]
+    assert max(intervals(burst)) < BURST_GAP  # the overdue slots leave back to back
+    assert_slot_pace([t for t in taken if t.value >= 16], tolerance=0.004)
+    assert pacer.relayed_stalls == 1
 
 
 async def test_a_late_consumer_skips_the_missed_slots_instead_of_catching_up() -> None:

@@ -59,3 +59,19 @@ def test_a_simulated_call_is_the_same_every_run(audio: np.ndarray) -> None:
     first, second = (simulate(audio, PROFILES["loss2_jitter30"], seed=3) for _ in range(2))
     assert first.played_at == second.played_at
     assert np.array_equal(np.concatenate(first.played), np.concatenate(second.played))
+
+
+def test_a_stall_of_both_legs_is_held_once_by_the_listener_not_by_both_buffers(
+    audio: np.ndarray,
+) -> None:
+    """The server's leg relays a stall (media/rtc/receive.py's ``relay_stalls``): only the
+    listener's buffer holds it, so the call's playout delay is one stall, not two."""
+    relayed, held = (
+        simulate(audio, PROFILES["stalls_both_ways"], seed=0, server_leg=leg)
+        for leg in ("relay", "buffer")
+    )
+    assert relayed.server.relayed_stalls >= 2 and held.server.relayed_stalls == 0
+    assert relayed.server.target_ms <= 40.0 < 100.0 <= held.server.target_ms
+    assert relayed.client.target_ms >= 100.0  # the listener covers the stalls
+    playout = [sum(call.playout_ms) for call in (relayed, held)]
+    assert playout[0] < 0.7 * playout[1], playout

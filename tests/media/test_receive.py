@@ -30,6 +30,7 @@ from aiortc.rtp import RtpPacket
 
 from media.audio.delay_control import TOLERATED_EXCESS_S
 from media.audio.opus import Application, OpusDecoder, OpusEncoder, OpusError, packet_has_fec
+from media.pipeline.pacing import InputStall
 from media.rtc import receive
 from media.rtc.compat import install_receive_path as install
 from media.rtc.receive import (
@@ -39,6 +40,7 @@ from media.rtc.receive import (
     MAX_BUFFER_S,
     MAX_CONCEALED_FRAMES,
     MAX_MISORDER,
+    RELAY_STALL_MAX_S,
     REMEMBERED_LOSSES,
     SEQ_MOD,
     TS_MOD,
@@ -191,8 +193,10 @@ class Link:
         first_seq: int = 1000,
         first_timestamp: int = 5_000,
         on_error: Callable[[str, str], None] | None = None,
+        relay_stalls: bool = False,
     ) -> None:
         self.payloads = payloads
+        self.stalls: list[tuple[float, InputStall]] = []  # (when, what) as on_stall told
         self.first_seq = first_seq
         self.first_timestamp = first_timestamp
         self.time = Scheduler()
@@ -207,6 +211,8 @@ class Link:
             call_at=self.time.call_at,
             decoder=self.decoder,
             on_error=on_error,
+            relay_stalls=relay_stalls,
+            on_stall=lambda edge: self.stalls.append((self.time.now, edge)),
         )
         self.max_pending = 0
 
@@ -640,6 +646,75 @@ class TestJitterAndSpikes:
         link = Link(plain, first_timestamp=TS_MOD - 5 * FRAME)
         link.send_all(range(20))
         assert link.path.stats.jitter_ms == 0.0
+
+
+def stall(link: Link, first: int, held_s: float, until: int) -> float:
+    """Packets 0..until-1 on time, except that ``first`` on are held by a stall of
+    ``held_s`` from ``first``'s send time and then come at once; returns the release."""
+    link.send_all(range(first))
+    released = first * SLOT + held_s
+    held = [k for k in range(first, until) if k * SLOT < released]
+    for k in held:
+        link.send(k, at=released)
+    link.send_all(range(first + len(held), until))
+    return released
+
+
+class TestRelayedStalls:
+    """The server's leg of an echo: a stall passes on to the listener, not held here."""
+
+    def test_a_stall_is_waited_out_then_its_packets_leave_at_once_on_the_same_grid(
+        self, plain: list[bytes]
+    ):
+        link = Link(plain, relay_stalls=True)
+        released = stall(link, 50, 0.15, 120)
+        began, ended = link.stalls
+        assert (began[1], ended[1]) == (InputStall.BEGAN, InputStall.RELAYED)
+        # One slot is concealed in place (a late packet, as far as anyone can tell yet),
+        # then nothing leaves until the held packets come.
+        during = [t for t in link.released_at if 50 * SLOT < t < released]
+        assert len(during) == 1
+        assert link.concealments == [("conceal", FRAME)]
+        burst = [t for t in link.released_at if t == released]
+        assert len(burst) >= 6  # the slots of the held packets, back to back
+        assert link.decoder.decoded == list(range(120))  # nothing skipped, in order
+        assert ended[0] == released
+        # Its lateness taught the target nothing: the link's own delay is still none.
+        assert link.path.target_delay == pytest.approx(0.02)
+        after = [t for t in link.released_at if t > released]
+        assert after[0] == pytest.approx(released + SLOT / 2, abs=0.011)  # on the grid again
+        assert np.all(np.diff(after) <= SLOT + 1e-9)  # (the PLC's frame is shed by nudges)
+        assert link.path.stats.relayed_stalls == 1
+        assert link.path.stats.skipped_slots == 0
+
+    def test_a_path_that_does_not_relay_holds_the_stall_instead(self, plain: list[bytes]):
+        link = Link(plain)
+        released = stall(link, 50, 0.15, 120)
+        assert link.stalls == []
+        during = [t for t in link.released_at if 50 * SLOT < t < released]
+        assert len(during) >= 6  # concealed, then expanded: the stall is held here
+        assert max(link.delays) > 100  # and the delay it added is shed only afterwards
+
+    def test_a_stall_longer_than_the_relay_waits_is_concealed_as_before(self, plain: list[bytes]):
+        link = Link(plain, relay_stalls=True)
+        link.send_all(range(50))
+        stalled_at = link.released_at[-1] + 2 * SLOT  # the slot after the concealed one
+        link.run_until(50 * SLOT + 0.6)
+        _, ended = link.stalls
+        assert ended[1] is InputStall.GIVEN_UP
+        assert ended[0] == pytest.approx(stalled_at + RELAY_STALL_MAX_S, abs=0.002)
+        after = [t for t in link.released_at if t > ended[0] - 1e-9]
+        assert len(after) >= 10 and np.all(np.diff(after) <= 2 * SLOT)  # slots play again
+        assert link.path.stats.skipped_slots > 0  # the ones waited through are gone
+
+    def test_a_packet_late_by_jitter_is_concealed_not_relayed(self, plain: list[bytes]):
+        link = Link(plain, relay_stalls=True)
+        link.send_all(range(20))
+        for k in (20, 21):  # 30 ms late, the next one with it
+            link.send(k, at=20 * SLOT + 0.03)
+        link.send_all(range(22, 60))
+        assert link.stalls == []
+        link.assert_one_frame_per_slot()
 
 
 class TestDuplicatesAndRestarts:
