@@ -258,7 +258,8 @@ class FramePacer:
         burst follows on the same slots (``RELAYED``), or nothing does (``GIVEN_UP``: the
         slots that passed are skipped, as after any late call)."""
         if edge is InputStall.BEGAN:
-            self.relayed_stalls += not self._input_stalled
+            if not self._input_stalled:
+                self.relayed_stalls += 1
             self._catching_up = True
         elif edge is InputStall.RELAYED:
             self._resumed_at = self._clock()

@@ -43,7 +43,8 @@ libwebrtc's NetEq instead:
   plays their slots back to back until it is on its grid again; those packets do not
   teach the target (their lateness is the stall's). So a stall passes on to the listener,
   whose own buffer holds it once, instead of being held by two playout buffers in series.
-  A stall longer than ``RELAY_STALL_MAX_S`` is given up and concealed as before.
+  A stall longer than ``RELAY_STALL_MAX_S`` is given up and concealed as before, and so is
+  one that a packet on time ends (the link lost a run of packets: nothing was held).
 
 ``AudioReceivePath.add`` has the signature of aiortc's ``JitterBuffer.add``, so
 ``media.rtc.compat.install_receive_path`` can put it in an ``RTCRtpReceiver`` in place of the
@@ -351,6 +352,8 @@ class AudioReceivePath:
             self.stats.duplicates += 1
             return
         self._learn_frame(seq, timestamp)
+        if self._stall_start is not None and not self._late(timestamp, now):
+            self._stall_was_a_gap(now)
         if not self._held_by_stall(timestamp, now):
             self._estimator.add(timestamp, now)
         if payload and not self._budget.spend(self._frame_samples / RTC_RATE, now):
@@ -371,7 +374,7 @@ class AudioReceivePath:
 
     def close(self) -> None:
         self._closed = True
-        self._stall_start = None
+        self._end_stall(InputStall.GIVEN_UP)  # what waits for the stall's audio stops waiting
         self._cancel_timer()
         self._pending.clear()
         self._decoded.clear()
@@ -721,6 +724,21 @@ class AudioReceivePath:
             if self._on_stall is not None:
                 self._on_stall(InputStall.BEGAN)
         return now < self._stall_start + RELAY_STALL_MAX_S - LOSS_TOLERANCE_S
+
+    def _late(self, timestamp: int, now: float) -> bool:
+        """Whether a packet came later than the target allows."""
+        expected = self._estimator.expected_arrival(timestamp)
+        return expected is None or now - expected > self._estimator.target
+
+    def _stall_was_a_gap(self, now: float) -> None:
+        """A packet on time ended the wait: the link lost a run of packets (or the sender
+        paused), it did not hold them. Nothing held is coming, so the slots waited
+        through are skipped, their time counted as played for the missing packets (as an
+        expansion's would have been), and the listener's buffer fills that gap itself."""
+        start = self._slot_start()
+        if now - start > 2 * FRAME_SECONDS:  # the slots ``_fire`` will skip
+            self._covered += int((now - start) / FRAME_SECONDS) * FRAME_SAMPLES
+        self._end_stall(InputStall.GIVEN_UP)
 
     def _held_by_stall(self, timestamp: int, now: float) -> bool:
         """A packet that a relayed stall made later than jitter does: its lateness is the

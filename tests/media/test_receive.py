@@ -707,6 +707,23 @@ class TestRelayedStalls:
         assert len(after) >= 10 and np.all(np.diff(after) <= 2 * SLOT)  # slots play again
         assert link.path.stats.skipped_slots > 0  # the ones waited through are gone
 
+    def test_a_run_of_lost_packets_ends_the_wait_when_the_next_one_comes_on_time(
+        self, plain: list[bytes]
+    ):
+        """Five packets lost: the path waits as for a stall, but the packet after them is
+        on time, so nothing was held: the slots waited through are skipped as the missing
+        packets' time and the new packet is played in its own slot, not behind a burst."""
+        link = Link(plain, relay_stalls=True)
+        link.send_all(range(50))
+        link.send_all(range(55, 100))
+        began, ended = link.stalls
+        assert (began[1], ended[1]) == (InputStall.BEGAN, InputStall.GIVEN_UP)
+        assert ended[0] == pytest.approx(55 * SLOT)
+        assert link.decoder.decoded == [*range(50), *range(55, 100)]
+        assert link.released_at[-1] == pytest.approx(99 * SLOT)  # no delay left behind
+        assert not [t for t in link.released_at if t == 55 * SLOT][1:]  # no burst
+        assert link.path.stats.skipped_slots > 0
+
     def test_a_packet_late_by_jitter_is_concealed_not_relayed(self, plain: list[bytes]):
         link = Link(plain, relay_stalls=True)
         link.send_all(range(20))
