@@ -245,6 +245,7 @@ class FramePacer:
         self._input_stalled = False
         self._catching_up = False
         self._resumed_at = -math.inf  # when the input said its stall was over
+        self._given_up = False  # ...that it gave the stall up: skip to the current slot
         self.relayed_stalls = 0
 
     def notify(self) -> None:
@@ -265,6 +266,7 @@ class FramePacer:
             self._resumed_at = self._clock()
         else:
             self._catching_up = False
+            self._given_up = self._input_stalled
         self._input_stalled = edge is InputStall.BEGAN
         self._ready.set()
 
@@ -356,12 +358,8 @@ class FramePacer:
                 self.cushion.anchored()
         else:
             self.index += 1
-            current = math.floor((self._clock() - self._anchor) / self._frame_seconds)
-            if current > self.index and not self._catching_up:
-                # Slots that passed while nobody asked: their time is gone, not their audio.
-                # A transform's backlog bound still caps what that leaves queued.
-                self.skipped_slots += current - self.index
-                self.index = current
+            if not self._catching_up:
+                self._skip_missed_slots()
         slot_start = self._anchor + self.index * self._frame_seconds
         self.frames += 1
         cushion = self.cushion
@@ -375,7 +373,16 @@ class FramePacer:
                 return await self._idle_slot(slot_start)
         grace = CUSHION_GRACE_SECONDS if self._adaptive else 0.0
         deadline = slot_start + self._frame_seconds + grace
-        if not await self._wait_for_frame(deadline):
+        ready = await self._wait_for_frame(deadline)
+        if self._given_up:
+            # The input gave a stall up: the slots it waited through are gone, and what it
+            # hands on now is for the current one (sent on an old slot, it would look late
+            # by the whole wait, and the listener's buffer would learn that as a peak).
+            self._given_up = False
+            slot_start = self._skip_missed_slots()
+            deadline = slot_start + self._frame_seconds + grace
+            ready = await self._wait_for_frame(deadline)
+        if not ready:
             self._catching_up = False
             self.underruns += 1
             filled = cushion.fill(self._source, self._frame_samples) if cushion else None
@@ -404,6 +411,17 @@ class FramePacer:
         if len(frame) < self._frame_samples:  # a read cut short (e.g. an interrupt's fade)
             frame = np.concatenate([frame, self._silence[len(frame) :]])
         return frame, False
+
+    def _skip_missed_slots(self) -> float:
+        """Slots that passed while nobody asked: their time is gone, not their audio (a
+        transform's backlog bound still caps what that leaves queued). Returns the start
+        of the slot to play."""
+        assert self._anchor is not None
+        current = math.floor((self._clock() - self._anchor) / self._frame_seconds)
+        if current > self.index:
+            self.skipped_slots += current - self.index
+            self.index = current
+        return self._anchor + self.index * self._frame_seconds
 
     @property
     def _adaptive(self) -> bool:

@@ -427,6 +427,38 @@ async def test_a_relayed_input_stall_sends_nothing_then_its_burst_on_the_same_sl
     assert pacer.relayed_stalls == 1
 
 
+async def test_a_stall_the_input_gives_up_skips_its_slots_instead_of_sending_late() -> None:
+    """The input waited and nothing came (a run of lost packets): what it hands on next is
+    for the current slot, so the slots waited through are skipped, not sent late."""
+
+    async def scenario() -> tuple[Producer, list[Taken]]:
+        producer = make_producer(cushion=OutputCushion(), max_backlog=2 * FRAME)
+        pacer = producer.pacer
+
+        async def stall_then_give_up() -> None:
+            start = asyncio.get_running_loop().time()
+            for k in range(20):
+                await sleep_until(start + k * SLOT)
+                if k == 5:
+                    pacer.input_stall(InputStall.BEGAN)
+                elif k == 11:
+                    pacer.input_stall(InputStall.GIVEN_UP)
+                if not 5 <= k < 11:
+                    producer.write()
+
+        async with background(stall_then_give_up()):
+            taken = await take_until_played(pacer, producer.buffer, 14)
+        return producer, taken
+
+    producer, taken = await on_a_quiet_loop(scenario)
+    pacer = producer.pacer
+    assert values(taken) == list(range(14))
+    first_after = next(t for t in taken if t.value == 5)  # written at slot 11
+    assert first_after.pts // FRAME >= 10  # its own slot, give or take the anchor's phase
+    assert 5 <= pacer.skipped_slots <= 6
+    assert not any(t.silence for t in taken)
+
+
 async def test_a_late_consumer_skips_the_missed_slots_instead_of_catching_up() -> None:
     """After a 100 ms pause of the caller, the piled-up frames still leave one per slot."""
 
