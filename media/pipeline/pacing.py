@@ -331,8 +331,7 @@ class FramePacer:
                 await self._ready.wait()
                 continue
             if self._catching_up:  # what the input released may still be in the engine
-                grace = CUSHION_GRACE_SECONDS if self._adaptive else 0.0
-                deadline = max(deadline, self._resumed_at + self._frame_seconds + grace)
+                deadline = max(deadline, self._resumed_at + self._frame_seconds + self._grace)
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return False
@@ -371,8 +370,7 @@ class FramePacer:
             self._idle = False
             if not self._has_frame() and not cushion.expects():
                 return await self._idle_slot(slot_start)
-        grace = CUSHION_GRACE_SECONDS if self._adaptive else 0.0
-        deadline = slot_start + self._frame_seconds + grace
+        deadline = slot_start + self._frame_seconds + self._grace
         ready = await self._wait_for_frame(deadline)
         if self._given_up:
             # The input gave a stall up: the slots it waited through are gone, and what it
@@ -380,7 +378,7 @@ class FramePacer:
             # by the whole wait, and the listener's buffer would learn that as a peak).
             self._given_up = False
             slot_start = self._skip_missed_slots()
-            deadline = slot_start + self._frame_seconds + grace
+            deadline = slot_start + self._frame_seconds + self._grace
             ready = await self._wait_for_frame(deadline)
         if not ready:
             self._catching_up = False
@@ -424,8 +422,10 @@ class FramePacer:
         return self._anchor + self.index * self._frame_seconds
 
     @property
-    def _adaptive(self) -> bool:
-        return self.cushion is not None and self.cushion.adaptive
+    def _grace(self) -> float:
+        """How long after its slot's end a frame may come and still be sent for it."""
+        adaptive = self.cushion is not None and self.cushion.adaptive
+        return CUSHION_GRACE_SECONDS if adaptive else 0.0
 
     async def _idle_slot(self, slot_start: float) -> tuple[np.ndarray, bool]:
         """No audio is due (between utterances): the slot's silence goes at its start.

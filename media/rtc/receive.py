@@ -143,9 +143,6 @@ FRAME_STEPS = 8
 # stalls bench.netimpair models are 100-300 ms. Beyond it the slots are concealed and
 # skipped as on a path that does not relay (the link may have gone for good).
 RELAY_STALL_MAX_S = 0.32
-# A packet a relayed stall held is left out of the target's statistics when it is this much
-# later than the target allows: a stall, not the link's jitter.
-RELAY_JITTER_MARGIN_S = 0.04
 
 FrameSink = Callable[[np.ndarray], None]
 ErrorSink = Callable[[str, str], None]  # (code, message)
@@ -354,7 +351,7 @@ class AudioReceivePath:
         self._learn_frame(seq, timestamp)
         if self._stall_start is not None and not self._late(timestamp, now):
             self._stall_was_a_gap(now)
-        if not self._held_by_stall(timestamp, now):
+        if self._stall_start is None:  # a stall's lateness is the listener's to hold
             self._estimator.add(timestamp, now)
         if payload and not self._budget.spend(self._frame_samples / RTC_RATE, now):
             # Beyond real time: it keeps its place in the sequence but is never decoded.
@@ -735,16 +732,13 @@ class AudioReceivePath:
         paused), it did not hold them. Nothing held is coming, so the slots waited
         through are skipped, their time counted as played for the missing packets (as an
         expansion's would have been), and the listener's buffer fills that gap itself."""
-        start = self._slot_start()
-        if now - start > 2 * FRAME_SECONDS:  # the slots ``_fire`` will skip
-            self._covered += int((now - start) / FRAME_SECONDS) * FRAME_SAMPLES
+        self._covered += self._slots_behind(now) * FRAME_SAMPLES  # the slots _fire skips
         self._end_stall(InputStall.GIVEN_UP)
 
-    def _held_by_stall(self, timestamp: int, now: float) -> bool:
-        """A packet that a relayed stall made later than jitter does: its lateness is the
-        listener's to hold, and counting it would raise this path's target to the stall's
-        height (the packets a short wait released are late by jitter: they count)."""
-        return self._stall_start is not None
+    def _slots_behind(self, now: float) -> int:
+        """The slots that passed unplayed, when the grid is more than two behind (else 0)."""
+        late = now - self._slot_start()
+        return int(late / FRAME_SECONDS) if late > 2 * FRAME_SECONDS else 0
 
     def _end_stall(self, edge: InputStall) -> None:
         if self._stall_start is not None:
@@ -757,9 +751,8 @@ class AudioReceivePath:
         self._cancel_timer()
         self._waiting = False
         start = self._slot_start()
-        if self._stall_start is None and now - start > 2 * FRAME_SECONDS:
+        if self._stall_start is None and (behind := self._slots_behind(now)):
             # The loop was held up: the slots that passed are gone (their audio is not).
-            behind = int((now - start) / FRAME_SECONDS)
             self._slot += behind
             self.stats.skipped_slots += behind
             start = self._slot_start()

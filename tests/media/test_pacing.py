@@ -389,34 +389,47 @@ async def test_audio_released_after_a_stall_leaves_at_the_slot_pace_not_in_a_bur
     assert_never_before_its_slot(taken, producer)
 
 
+async def through_a_stalled_input(
+    edges: dict[int, InputStall], writes: dict[int, int], slots: int, played: int
+) -> tuple[FramePacer, list[Taken]]:
+    """A transform's pacer fed one frame per slot for ``slots`` slots (``writes[k]`` frames
+    at slot ``k`` where it says so), and told of its input's stall at the slots ``edges``
+    gives: before that slot's write, except ``RELAYED``, which an input tells once it has
+    handed the burst on. Returns the pacer and what it sent until ``played`` frames."""
+
+    async def scenario() -> tuple[FramePacer, list[Taken]]:
+        producer = make_producer(cushion=OutputCushion(), max_backlog=2 * FRAME)
+        pacer = producer.pacer
+
+        async def feed() -> None:
+            start = asyncio.get_running_loop().time()
+            for k in range(slots):  # frame k is due at start + k slots
+                await sleep_until(start + k * SLOT)
+                edge = edges.get(k)
+                if edge is not None and edge is not InputStall.RELAYED:
+                    pacer.input_stall(edge)
+                if frames := writes.get(k, 1):
+                    producer.write(frames)
+                if edge is InputStall.RELAYED:
+                    pacer.input_stall(edge)
+
+        async with background(feed()):
+            taken = await take_until_played(pacer, producer.buffer, played)
+        return pacer, taken
+
+    return await on_a_quiet_loop(scenario)
+
+
 async def test_a_relayed_input_stall_sends_nothing_then_its_burst_on_the_same_slots() -> None:
     """A transform's input that passes a network stall on: the pacer fills no slot while
     it lasts, then sends the held audio at once on the slots it would have had (``pts``
     runs on without a jump, so the listener sees the lateness and holds it), and the
     frames after it go one per slot again."""
-
-    async def scenario() -> tuple[Producer, list[Taken]]:
-        producer = make_producer(cushion=OutputCushion(), max_backlog=2 * FRAME)
-        pacer = producer.pacer
-
-        async def stall_then_burst() -> None:
-            start = asyncio.get_running_loop().time()
-            for k in range(25):  # frame k is due at start + k slots
-                await sleep_until(start + k * SLOT)
-                if k == 5:
-                    pacer.input_stall(InputStall.BEGAN)
-                elif k == 14:  # what the stall held (more than the backlog bound), at once
-                    producer.write(10)
-                    pacer.input_stall(InputStall.RELAYED)
-                elif k < 5 or k > 14:
-                    producer.write()
-
-        async with background(stall_then_burst()):
-            taken = await take_until_played(pacer, producer.buffer, 25)
-        return producer, taken
-
-    producer, taken = await on_a_quiet_loop(scenario)
-    pacer = producer.pacer
+    held = dict.fromkeys(range(5, 14), 0)
+    # What the stall held (more than the backlog bound) comes at once at slot 14.
+    pacer, taken = await through_a_stalled_input(
+        {5: InputStall.BEGAN, 14: InputStall.RELAYED}, {**held, 14: 10}, 25, 25
+    )
     assert not any(t.silence for t in taken)
     assert values(taken) == list(range(25))  # nothing filled, dropped or skipped
     assert pacer.underruns == 0 and pacer.skipped_slots == 0 and pacer.backlog_dropped == 0
@@ -430,28 +443,9 @@ async def test_a_relayed_input_stall_sends_nothing_then_its_burst_on_the_same_sl
 async def test_a_stall_the_input_gives_up_skips_its_slots_instead_of_sending_late() -> None:
     """The input waited and nothing came (a run of lost packets): what it hands on next is
     for the current slot, so the slots waited through are skipped, not sent late."""
-
-    async def scenario() -> tuple[Producer, list[Taken]]:
-        producer = make_producer(cushion=OutputCushion(), max_backlog=2 * FRAME)
-        pacer = producer.pacer
-
-        async def stall_then_give_up() -> None:
-            start = asyncio.get_running_loop().time()
-            for k in range(20):
-                await sleep_until(start + k * SLOT)
-                if k == 5:
-                    pacer.input_stall(InputStall.BEGAN)
-                elif k == 11:
-                    pacer.input_stall(InputStall.GIVEN_UP)
-                if not 5 <= k < 11:
-                    producer.write()
-
-        async with background(stall_then_give_up()):
-            taken = await take_until_played(pacer, producer.buffer, 14)
-        return producer, taken
-
-    producer, taken = await on_a_quiet_loop(scenario)
-    pacer = producer.pacer
+    pacer, taken = await through_a_stalled_input(
+        {5: InputStall.BEGAN, 11: InputStall.GIVEN_UP}, dict.fromkeys(range(5, 11), 0), 20, 14
+    )
     assert values(taken) == list(range(14))
     first_after = next(t for t in taken if t.value == 5)  # written at slot 11
     assert first_after.pts // FRAME >= 10  # its own slot, give or take the anchor's phase
