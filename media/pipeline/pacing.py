@@ -31,6 +31,7 @@ cushion they leave shed by acceleration instead of dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import math
 from collections.abc import Callable
@@ -71,6 +72,16 @@ class InputStall(enum.Enum):
     BEGAN = "began"  # nothing to play and nothing to conceal it with: wait, fill nothing
     RELAYED = "relayed"  # its audio came and was handed on at once, on the unchanged slots
     GIVEN_UP = "given_up"  # waited out: its time was concealed and the missed slots skipped
+
+
+class _Step(enum.Enum):
+    """Where :meth:`FramePacer.poll` is in handing out the next frame."""
+
+    NEXT = "next"  # no slot begun: the next poll begins one
+    ANCHOR = "anchor"  # no schedule yet: the first frame that is ready anchors it
+    WAITING = "waiting"  # the slot has begun: its frame is awaited until the deadline
+    EARLY = "early"  # the frame is ready before its slot: it leaves at the slot's start
+    IDLE = "idle"  # no audio is due: the slot's silence leaves at its start
 
 
 class OutputCushion:
@@ -247,6 +258,12 @@ class FramePacer:
         self._resumed_at = -math.inf  # when the input said its stall was over
         self._given_up = False  # ...that it gave the stall up: skip to the current slot
         self.relayed_stalls = 0
+        # Where poll() is: the step, and the slot it is on (start, deadline, and how long
+        # to wait for its frame: past the deadline while the input catches up).
+        self._step = _Step.NEXT
+        self._due = -math.inf
+        self._queued = False
+        self._slot_start = self._deadline = self._wait_until = 0.0
 
     def notify(self) -> None:
         """Called after audio was written to the source, to wake a waiting ``next_frame``."""
@@ -273,6 +290,8 @@ class FramePacer:
     def restart(self) -> None:
         """Forget the schedule: the next frame that becomes ready anchors a new one."""
         self._anchor = None
+        self._step = _Step.NEXT
+        self._due = -math.inf
 
     @property
     def pts(self) -> int:
@@ -324,91 +343,147 @@ class FramePacer:
             return True
         return available > 0 and self._ended_at == self._source.written
 
-    async def _wait_for_frame(self, deadline: float | None) -> bool:
-        while not self._has_frame():
-            self._ready.clear()
-            if deadline is None or self._input_stalled:
-                await self._ready.wait()
-                continue
-            if self._catching_up:  # what the input released may still be in the engine
-                deadline = max(deadline, self._resumed_at + self._frame_seconds + self._grace)
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                return False
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._ready.wait()
-            except TimeoutError:
-                return self._has_frame()
-        return True
+    @property
+    def due(self) -> float:
+        """When :meth:`poll` next has something to do if nothing is written before then
+        (``inf``: only a write, or the input's stall ending, moves it on)."""
+        return self._due
+
+    def poll(self) -> tuple[np.ndarray, bool] | None:
+        """The next slot's samples and whether they are filler silence, once it is time
+        for them; None before (poll again at :attr:`due`, or after :meth:`notify`).
+
+        One step of the schedule, never a wait: whoever sends the frames (one media tick
+        for every session of a worker, or :meth:`next_frame`) decides how to wait.
+        """
+        now = self._clock()
+        if self._step is _Step.NEXT:
+            self._begin_slot()
+        if self._step is _Step.ANCHOR:
+            if not self._has_frame():
+                self._due = math.inf
+                return None
+            self._anchor_at(now)
+        if self._step is _Step.IDLE:
+            return self._idle_slot(now)
+        if self._step is _Step.WAITING:
+            ready = self._has_frame()
+            if not ready:
+                if self._input_stalled:
+                    self._due = math.inf
+                    return None
+                if self._catching_up:  # what the input released may still be in the engine
+                    resumed = self._resumed_at + self._frame_seconds + self._grace
+                    self._wait_until = max(self._wait_until, resumed)
+                if now < self._wait_until:
+                    self._due = self._wait_until
+                    return None
+            if self._given_up:
+                # The input gave a stall up: the slots it waited through are gone, and what
+                # it hands on now is for the current one (sent on an old slot, it would look
+                # late by the whole wait, and the listener's buffer would learn that as a
+                # peak).
+                self._given_up = False
+                self._open_slot(self._skip_missed_slots())
+                return self.poll()
+            if not ready:
+                return self._underrun()
+            self.ready_at = now
+            self._step = _Step.EARLY
+        if now < self._slot_start:
+            self._due = self._slot_start
+            return None
+        return self._take()
 
     async def next_frame(self) -> tuple[np.ndarray, bool]:
         """Wait for the next slot; return its samples and whether they are filler silence."""
+        while (frame := self.poll()) is None:
+            self._ready.clear()
+            remaining = self._due - self._clock()
+            if remaining == math.inf:
+                await self._ready.wait()
+            elif remaining > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._ready.wait()
+        return frame
+
+    def _begin_slot(self) -> None:
         # A frame already queued when asked for waits behind a backlog, not for its audio:
         # that wait says nothing about phase, and counting it would move the slots a slot
         # earlier every window (one frame a window faster than real time).
-        queued = self._has_frame()
-        if self._anchor is None:
-            await self._wait_for_frame(deadline=None)
-            first_index = self.index + 1
-            self._anchor = self._clock() - first_index * self._frame_seconds
-            self.index = first_index
-            if self.cushion is not None:
-                self.cushion.anchored()
-        else:
-            self.index += 1
-            if not self._catching_up:
-                self._skip_missed_slots()
-        slot_start = self._anchor + self.index * self._frame_seconds
+        self._queued = self._has_frame()
         self.frames += 1
+        if self._anchor is None:
+            self._step = _Step.ANCHOR
+            return
+        self.index += 1
+        if not self._catching_up:
+            self._skip_missed_slots()
+        self._open_slot(self._anchor + self.index * self._frame_seconds)
+
+    def _anchor_at(self, now: float) -> None:
+        first_index = self.index + 1
+        self._anchor = now - first_index * self._frame_seconds
+        self.index = first_index
+        if self.cushion is not None:
+            self.cushion.anchored()
+        self._open_slot(now)
+
+    def _open_slot(self, slot_start: float) -> None:
         cushion = self.cushion
+        self._step = _Step.WAITING
         if cushion is not None and not cushion.adaptive:
-            if self._idle and self._has_frame() and self._clock() < slot_start:
+            now = self._clock()
+            if self._idle and self._has_frame() and now < slot_start:
                 # Audio again after idle silence: it starts a new grid and leaves at once.
-                self._anchor -= slot_start - self._clock()
-                slot_start = self._clock()
+                assert self._anchor is not None
+                self._anchor -= slot_start - now
+                slot_start = now
             self._idle = False
             if not self._has_frame() and not cushion.expects():
-                return await self._idle_slot(slot_start)
-        deadline = slot_start + self._frame_seconds + self._grace
-        ready = await self._wait_for_frame(deadline)
-        if self._given_up:
-            # The input gave a stall up: the slots it waited through are gone, and what it
-            # hands on now is for the current one (sent on an old slot, it would look late
-            # by the whole wait, and the listener's buffer would learn that as a peak).
-            self._given_up = False
-            slot_start = self._skip_missed_slots()
-            deadline = slot_start + self._frame_seconds + self._grace
-            ready = await self._wait_for_frame(deadline)
-        if not ready:
-            self._catching_up = False
-            self.underruns += 1
-            filled = cushion.fill(self._source, self._frame_samples) if cushion else None
-            if filled is None:
-                return self._silence, True
-            return filled, False
-        self.ready_at = self._clock()
-        early = slot_start - self.ready_at
-        if early > 0:
-            await asyncio.sleep(early)
+                self._step = _Step.IDLE
+        self._slot_start = slot_start
+        self._wait_until = self._deadline = slot_start + self._frame_seconds + self._grace
+
+    def _underrun(self) -> tuple[np.ndarray, bool]:
+        self._handed_out()
+        self._catching_up = False
+        self.underruns += 1
+        cushion = self.cushion
+        filled = cushion.fill(self._source, self._frame_samples) if cushion else None
+        if filled is None:
+            return self._silence, True
+        return filled, False
+
+    def _take(self) -> tuple[np.ndarray, bool]:
+        self._handed_out()
+        early = self._slot_start - self.ready_at
         relayed = self._catching_up
-        if relayed and self.ready_at <= deadline and not self._input_stalled:
+        if relayed and self.ready_at <= self._deadline and not self._input_stalled:
             self._catching_up = False  # this frame is on time: the burst is sent
         if not relayed:
             self._trim_backlog()
+        cushion = self.cushion
         if cushion is None:
             frame = self._source.read(self._frame_samples)
         else:
             frame, nudge = cushion.take(
-                self._source, self._frame_samples, slot_start, steady=relayed
+                self._source, self._frame_samples, self._slot_start, steady=relayed
             )
+            assert self._anchor is not None
             self._anchor += nudge
         self.taken_at = self._clock()
         if cushion is None or not cushion.adaptive:
-            self._track_phase(0.0 if queued else early, left=self._source.available)
+            self._track_phase(0.0 if self._queued else early, left=self._source.available)
         if len(frame) < self._frame_samples:  # a read cut short (e.g. an interrupt's fade)
             frame = np.concatenate([frame, self._silence[len(frame) :]])
         return frame, False
+
+    def _handed_out(self) -> None:
+        """A frame leaves: the next poll begins the next slot, at once."""
+        self._step = _Step.NEXT
+        self._due = -math.inf
 
     def _skip_missed_slots(self) -> float:
         """Slots that passed while nobody asked: their time is gone, not their audio (a
@@ -427,29 +502,27 @@ class FramePacer:
         adaptive = self.cushion is not None and self.cushion.adaptive
         return CUSHION_GRACE_SECONDS if adaptive else 0.0
 
-    async def _idle_slot(self, slot_start: float) -> tuple[np.ndarray, bool]:
+    def _idle_slot(self, now: float) -> tuple[np.ndarray, bool] | None:
         """No audio is due (between utterances): the slot's silence goes at its start.
 
         Waiting to its end, as for a late hop, would send the first silent frame after an
         utterance 40 ms after the last audio and every later one 20 ms late: a listener's
         jitter buffer takes that for a slower network and adds delay to the next words.
         """
-        early = slot_start - self._clock()
-        if early > 0:
-            await asyncio.sleep(early)
+        if now < self._slot_start:
+            self._due = self._slot_start
+            return None
+        self._handed_out()
         if self._has_frame():  # audio came while waiting for the slot: it has the slot
-            return await self._audio_at_slot(slot_start)
+            self.ready_at = now
+            self._trim_backlog()
+            assert self.cushion is not None
+            frame, _ = self.cushion.take(self._source, self._frame_samples, self._slot_start)
+            self.taken_at = self._clock()
+            return frame, False
         self.underruns += 1
         self._idle = True
         return self._silence, True
-
-    async def _audio_at_slot(self, slot_start: float) -> tuple[np.ndarray, bool]:
-        self.ready_at = self._clock()
-        self._trim_backlog()
-        assert self.cushion is not None
-        frame, _ = self.cushion.take(self._source, self._frame_samples, slot_start)
-        self.taken_at = self._clock()
-        return frame, False
 
     def _track_phase(self, wait: float, left: int) -> None:
         """Once a window, remove latency the stream did not need in that window.
