@@ -98,6 +98,17 @@ class OutboundAudio:
         samples, is_silence = await self.pacer.next_frame()
         if self._closed:
             raise OutputClosed  # the session ended while this frame waited
+        return self._leave(samples, is_silence, encode)
+
+    def poll_frame(self) -> OutboundFrame | None:
+        """The next frame, encoded, if its slot has come (``FramePacer.poll``); None before
+        (poll again at ``pacer.due`` or once audio is written)."""
+        if self._closed:
+            raise OutputClosed
+        taken = self.pacer.poll()
+        return None if taken is None else self._leave(*taken, encode=True)
+
+    def _leave(self, samples: np.ndarray, is_silence: bool, encode: bool) -> OutboundFrame:
         payload = self._encode(samples) if encode else b""
         self._independent = max(0, self._independent - 1)
         frame = OutboundFrame(samples, payload, self.pacer.pts, is_silence)

@@ -264,12 +264,20 @@ class FramePacer:
         self._due = -math.inf
         self._queued = False
         self._slot_start = self._deadline = self._wait_until = 0.0
+        # Told whenever poll() may have something new to hand out (audio was written, the
+        # input's stall changed): a sender that polls many pacers wakes only these.
+        self.on_ready: Callable[[], None] | None = None
 
     def notify(self) -> None:
         """Called after audio was written to the source, to wake a waiting ``next_frame``."""
         if self.cushion is not None:
             self.cushion.wrote(self._source.written, self._clock(), timed=not self._catching_up)
+        self._wake()
+
+    def _wake(self) -> None:
         self._ready.set()
+        if self.on_ready is not None:
+            self.on_ready()
 
     def input_stall(self, edge: InputStall) -> None:
         """The input stalled (wait for its audio, fill nothing), or the stall is over: its
@@ -285,7 +293,7 @@ class FramePacer:
             self._catching_up = False
             self._given_up = self._input_stalled
         self._input_stalled = edge is InputStall.BEGAN
-        self._ready.set()
+        self._wake()
 
     def restart(self) -> None:
         """Forget the schedule: the next frame that becomes ready anchors a new one."""
@@ -305,13 +313,13 @@ class FramePacer:
         utterance starts once enough of it is ready (or :meth:`release` says so).
         """
         self._hold = (at, until)
-        self._ready.set()
+        self._wake()
 
     def release(self) -> None:
         """Lift a :meth:`hold`."""
         if self._hold is not None:
             self._hold = None
-            self._ready.set()
+            self._wake()
 
     def end_stream(self) -> None:
         """What is written so far ends a stream: send it, even the last partial frame.
@@ -320,7 +328,7 @@ class FramePacer:
         audio that never comes (whoever waits for its end, e.g. ``speech_finished``, too).
         """
         self._ended_at = self._source.written
-        self._ready.set()
+        self._wake()
 
     @property
     def holding(self) -> bool:

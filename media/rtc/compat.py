@@ -35,6 +35,19 @@ Sent packets kept after close (:func:`forget_sent_packets`)
     is closed, when no retransmission can be asked for.
     Remove if aiortc clears it in ``RTCRtpSender.stop``.
 
+The send path (:func:`when_sender_starts`, :func:`sender_ssrc`, :func:`sent_report`,
+:func:`protected_rtp_send`)
+    aiortc runs a coroutine per sender that pulls each frame from its track and awaits its
+    way down to the socket; ``media.rtc.media_tick`` sends every session's frames from one
+    task instead. It needs the negotiated parameters when the sender starts (the sender's
+    ``send`` is wrapped on the instance), the sender's SSRC (``_ssrc``), the counters its
+    RTCP sender reports read (``__packet_count``, ``__octet_count``, ``__rtp_timestamp``,
+    ``__ntp_timestamp``), and a synchronous SRTP send: the DTLS transport's ``_tx_srtp``
+    and the ICE connection's nominated pair (``_connection._nominated``), whose socket
+    aioice's ``send_data`` writes to without awaiting anything. The DTLS transport's own
+    byte counter (``bytesSent`` in its stats) does not count these packets.
+    Remove if aiortc lets a sender take encoded frames from a caller that paces them.
+
 Host candidates (:func:`restrict_host_addresses`, :func:`bind_host_ports`,
 :func:`announce_host_address`)
     aioice gathers on every address but 127.0.0.1, binds port 0, and signals the bound
@@ -54,6 +67,7 @@ import aioice
 import aioice.ice
 import aiortc
 from aiortc.rtcdtlstransport import RTCCertificate
+from aiortc.rtcrtpparameters import RTCRtpSendParameters
 from OpenSSL import SSL
 
 from media.rtc import ice
@@ -74,6 +88,10 @@ DTLS_CIPHER_SUITES = (
 )
 RECEIVER_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"
 SENDER_HISTORY = "_RTCRtpSender__rtp_history"
+SENDER_PACKET_COUNT = "_RTCRtpSender__packet_count"
+SENDER_OCTET_COUNT = "_RTCRtpSender__octet_count"
+SENDER_RTP_TIMESTAMP = "_RTCRtpSender__rtp_timestamp"
+SENDER_NTP_TIMESTAMP = "_RTCRtpSender__ntp_timestamp"
 
 _stock_create_ssl_context: Callable[..., SSL.Context] = RTCCertificate._create_ssl_context
 _stock_get_host_addresses = aioice.ice.get_host_addresses
@@ -169,3 +187,61 @@ def announce_host_address(address: str | None) -> None:
     check_versions()
     announced = ice.announced_local_candidates(address, _stock_local_candidates)
     aioice.ice.Connection.local_candidates = announced  # type: ignore[method-assign,assignment]
+
+
+# --- the send path -------------------------------------------------------------------------
+
+
+def when_sender_starts(
+    sender: aiortc.RTCRtpSender, started: Callable[[RTCRtpSendParameters], None]
+) -> None:
+    """Call ``started`` with the negotiated parameters once ``sender`` starts sending."""
+    check_versions()
+    stock_send = sender.send
+
+    async def send(parameters: RTCRtpSendParameters) -> None:
+        await stock_send(parameters)
+        started(parameters)
+
+    sender.send = send  # type: ignore[method-assign]
+
+
+def sender_ssrc(sender: aiortc.RTCRtpSender) -> int:
+    check_versions()
+    return int(sender._ssrc)
+
+
+def sent_report(sender: aiortc.RTCRtpSender) -> Callable[[int, int, int, int], None]:
+    """What keeps ``sender``'s RTCP sender reports true for packets sent around it:
+    ``(packets, octets, rtp_timestamp, ntp_timestamp)`` after each packet."""
+    check_versions()
+    if not hasattr(sender, SENDER_PACKET_COUNT):
+        raise UncheckedVersion("this aiortc's sender keeps no packet count to report")
+
+    def report(packets: int, octets: int, rtp_timestamp: int, ntp_timestamp: int) -> None:
+        setattr(sender, SENDER_PACKET_COUNT, packets)
+        setattr(sender, SENDER_OCTET_COUNT, octets)
+        setattr(sender, SENDER_RTP_TIMESTAMP, rtp_timestamp)
+        setattr(sender, SENDER_NTP_TIMESTAMP, ntp_timestamp)
+
+    return report
+
+
+def protected_rtp_send(dtls: aiortc.RTCDtlsTransport) -> Callable[[bytes], None]:
+    """Send an RTP packet on ``dtls`` at once: SRTP-protect it and write it to the nominated
+    ICE pair's socket (aiortc's ``_send_rtp``, without its three awaits).
+
+    Raises ``ConnectionError`` when DTLS is not connected or ICE has no nominated pair.
+    """
+    check_versions()
+    ice_connection = dtls.transport._connection
+
+    def send(packet: bytes) -> None:
+        if dtls.state != "connected":
+            raise ConnectionError("DTLS is not connected")
+        pair = ice_connection._nominated.get(1)
+        if pair is None or pair.protocol.transport is None:
+            raise ConnectionError("ICE has no nominated pair")
+        pair.protocol.transport.sendto(dtls._tx_srtp.protect(packet), pair.remote_addr)
+
+    return send

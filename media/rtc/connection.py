@@ -14,15 +14,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.rtcrtpparameters import RTCRtpSendParameters
 from aiortc.sdp import candidate_from_sdp
 
 from media.pipeline.base import Pipeline
 from media.rtc.candidates import reachable_candidate
-from media.rtc.compat import forget_sent_packets, install_receive_path
+from media.rtc.compat import (
+    forget_sent_packets,
+    install_receive_path,
+    protected_rtp_send,
+    sender_ssrc,
+    sent_report,
+    when_sender_starts,
+)
 from media.rtc.ice import IceServerConfig, NoMediaPorts, rtc_configuration
 from media.rtc.loss_feedback import LossAdaptiveFec
+from media.rtc.media_tick import MediaTick, TickStream
 from media.rtc.receive import AudioReceivePath
-from media.rtc.tracks import OutboundAudioTrack
+from media.rtc.rtp_stream import RtpAudioStream
+from media.rtc.tracks import ParkedAudioTrack
 
 
 class OfferRejected(Exception):
@@ -111,6 +121,7 @@ class RtcConnection:
         self._pc.on("datachannel", on_channel)
         self._pc.on("connectionstatechange", lambda: on_state(self, self._pc.connectionState))
         self._fec: LossAdaptiveFec | None = None
+        self._sending: TickStream | None = None
 
     @property
     def state(self) -> str:
@@ -137,7 +148,8 @@ class RtcConnection:
             install_receive_path(audio.receiver, receive)
             pipeline.attach(receive)
             if send_audio:
-                sender = pc.addTrack(OutboundAudioTrack(pipeline.output))
+                sender = pc.addTrack(ParkedAudioTrack())
+                when_sender_starts(sender, lambda p: self._start_sending(sender, p, pipeline))
                 self._fec = LossAdaptiveFec(sender, pipeline.output.encoder, receive)
             await pc.setLocalDescription(await pc.createAnswer())
         except NoMediaPorts:
@@ -149,6 +161,18 @@ class RtcConnection:
         if self._fec is not None:
             self._fec.start()
         return str(pc.localDescription.sdp)
+
+    def _start_sending(
+        self, sender: RTCRtpSender, parameters: RTCRtpSendParameters, pipeline: Pipeline
+    ) -> None:
+        """DTLS is up and the sender negotiated: the worker's media tick sends from now."""
+        rtp = RtpAudioStream(
+            parameters,
+            sender_ssrc(sender),
+            protected_rtp_send(sender.transport),
+            on_sent=sent_report(sender),
+        )
+        self._sending = MediaTick.of_running_loop().add(pipeline.output, rtp)
 
     @property
     def answer_sdp(self) -> str:
@@ -189,6 +213,9 @@ class RtcConnection:
             await self._pc.addIceCandidate(None)
 
     async def close(self) -> None:
+        if self._sending is not None:
+            MediaTick.of_running_loop().remove(self._sending)
+            self._sending = None
         if self._fec is not None:
             await self._fec.stop()
         await self._pc.close()

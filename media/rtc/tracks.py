@@ -1,19 +1,18 @@
-"""The outgoing WebRTC track: one paced, already encoded 20 ms frame per ``recv()``.
+"""The outgoing WebRTC track: a placeholder that tells when aiortc would start sending.
 
-aiortc pulls frames from a track as fast as ``recv()`` returns them, so the track is where
-pacing must happen. It also encodes: a track that returns an ``av.Packet`` is sent as is,
-which skips aiortc's own path (a PyAV resampler, a thread-pool hop per frame, fixed stereo
-96 kb/s ``voip`` and a pure-Python audio level loop on the event loop) in favour of one
-libopus call with the session's own codec settings (``media.pipeline.outbound``).
-
-This track never busy-waits and never raises from a live ``recv()``: when the engine has
-nothing ready, the slot is silence.
+aiortc's sender pulls frames from a track in a coroutine of its own. Our frames are sent
+by the worker's media tick (``media.rtc.media_tick``) instead, so the track aiortc is given
+never returns a frame: its first ``recv()`` parks the sender's coroutine, which costs
+nothing until the connection ends and aiortc cancels it. Sessions outlive connections (a
+resumed session continues on a new one), so the track holds nothing of the session.
+A peer that does send through aiortc's sender (``peer.filetracks``) stamps its encoded
+frames with :func:`opus_packet`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from fractions import Fraction
-from typing import Protocol
 
 import av
 import numpy as np
@@ -21,13 +20,13 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from media.audio.frames import RTC_RATE
 from media.audio.opus import OpusEncoder
-from media.pipeline.outbound import OutboundFrame, OutputClosed, encode_frame
+from media.pipeline.outbound import encode_frame
 
 TIME_BASE = Fraction(1, RTC_RATE)
 
 
 def stamped_packet(payload: bytes, pts: int) -> av.Packet:
-    """An encoded frame as aiortc's sender takes it."""
+    """An encoded frame as aiortc's sender takes it (for peers that send through it)."""
     packet = av.Packet(payload)
     packet.pts = pts
     packet.time_base = TIME_BASE
@@ -39,34 +38,21 @@ def opus_packet(encoder: OpusEncoder, samples: np.ndarray, pts: int) -> av.Packe
     return stamped_packet(encode_frame(encoder, samples), pts)
 
 
-class FrameSource(Protocol):
-    """What a track sends from: the session's paced, encoded audio, which outlives tracks."""
-
-    async def next_frame(self) -> OutboundFrame: ...
-
-
-class OutboundAudioTrack(MediaStreamTrack):
-    """One peer connection's view of a session's outgoing audio.
-
-    aiortc stops a sender's track when the connection ends, irreversibly. Sessions outlive
-    connections (a resumed session continues on a new one), so the track holds nothing but
-    its source: stopping it ends this connection's stream, not the session's audio.
-    """
+class ParkedAudioTrack(MediaStreamTrack):
+    """An audio track whose frames go out another way; ``recv()`` waits until it stops."""
 
     kind = "audio"
 
-    def __init__(self, source: FrameSource) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._source = source
+        self._stopped = asyncio.get_running_loop().create_future()
 
     async def recv(self) -> av.Packet:
-        if self.readyState != "live":
-            raise MediaStreamError
-        try:
-            frame = await self._source.next_frame()
-        except OutputClosed:
-            self.stop()
-            raise MediaStreamError from None
-        if self.readyState != "live":
-            raise MediaStreamError
-        return stamped_packet(frame.payload, frame.pts)
+        if self.readyState == "live":
+            await asyncio.shield(self._stopped)
+        raise MediaStreamError
+
+    def stop(self) -> None:
+        super().stop()
+        if not self._stopped.done():
+            self._stopped.set_result(None)
