@@ -61,6 +61,8 @@ PARTS = (
     ("aiortc/", "other aiortc"),
     ("media/rtc/receive.py", "our receive path (jitter, decode, PLC)"),
     ("media/pipeline/pacing.py", "pacing"),
+    ("media/rtc/media_tick.py", "media tick and RTP send (ours)"),
+    ("media/rtc/rtp_stream.py", "media tick and RTP send (ours)"),
     ("media/", "our pipeline, tracks and buffers"),
     ("server/", "sessions, stats, events (server/)"),
     ("signaling/", "signaling (HTTP routes)"),
