@@ -22,6 +22,7 @@ import itertools
 import logging
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -40,6 +41,8 @@ class TickStream:
     due: float = -math.inf  # when its pacer next has something to do
     active: bool = True
     send_failures: int = 0  # frames dropped because the connection was not (yet) up
+    woken: bool = False  # waiting to be served on the loop's next turn
+    on_ready: Callable[[], None] | None = field(default=None, repr=False)  # its pacer hook
     _seq: int = field(default=-1, repr=False)  # its live timer entry's order (-1: none)
 
 
@@ -78,7 +81,7 @@ class MediaTick:
         stream = TickStream(output, rtp)
         self._streams.add(stream)
         output.restart()
-        output.pacer.on_ready = lambda: self._wake(stream)
+        stream.on_ready = output.pacer.on_ready = lambda: self._wake(stream)
         self._wake(stream)
         return stream
 
@@ -88,10 +91,14 @@ class MediaTick:
             return
         stream.active = False
         self._streams.discard(stream)
-        if stream.output.pacer.on_ready is not None:
-            stream.output.pacer.on_ready = None
+        pacer = stream.output.pacer
+        if pacer.on_ready is stream.on_ready:  # not a newer connection's, after a resume
+            pacer.on_ready = None
 
     def _wake(self, stream: TickStream) -> None:
+        if stream.woken:
+            return
+        stream.woken = True
         self._woken.append(stream)
         if not self._drain_scheduled:
             self._drain_scheduled = True
@@ -102,6 +109,7 @@ class MediaTick:
         self.turns += 1
         woken, self._woken = self._woken, []
         for stream in woken:
+            stream.woken = False
             if stream.active:
                 self._serve(stream)
         self._arm()

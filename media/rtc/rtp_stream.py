@@ -70,7 +70,6 @@ class RtpAudioStream:
         self._timestamp_origin = random.getrandbits(32)
         self.packets = 0
         self.octets = 0
-        self.timestamp = 0
 
     def send(self, payload: bytes, pts: int) -> None:
         """Send one frame's payload stamped ``pts`` (samples at the codec's clock rate).
@@ -85,6 +84,5 @@ class RtpAudioStream:
         self._sequence = (self._sequence + 1) & 0xFFFF
         self.packets += 1
         self.octets += len(payload)
-        self.timestamp = timestamp
         if self._on_sent is not None:
             self._on_sent(self.packets, self.octets, timestamp, ntp_now())
