@@ -45,8 +45,23 @@ The send path (:func:`when_sender_starts`, :func:`sender_ssrc`, :func:`sent_repo
     ``__ntp_timestamp``), and a synchronous SRTP send: the DTLS transport's ``_tx_srtp``
     and the ICE connection's nominated pair (``_connection._nominated``), whose socket
     aioice's ``send_data`` writes to without awaiting anything. The DTLS transport's own
-    byte counter (``bytesSent`` in its stats) does not count these packets.
+    send counters (``__tx_packets``, ``__tx_bytes``, in its ``transport`` stats) are kept.
     Remove if aiortc lets a sender take encoded frames from a caller that paces them.
+
+Audio packets from the socket (:func:`when_receiver_starts`, :func:`received_report`,
+:func:`divert_rtp`)
+    aiortc queues every datagram for a coroutine per DTLS transport, which wakes for it,
+    unprotects and parses it and awaits its way into the receiver; ``media.rtc.rtp_intake``
+    takes the audio packets in aioice's datagram callback instead. It needs the negotiated
+    parameters when the receiver starts (after DTLS is up: the receiver's ``receive`` is
+    wrapped on the instance), the receiver's statistics and active sources
+    (``__remote_streams``, ``__active_ssrc``, ``__codecs``: what its RTCP receiver reports,
+    ``getStats`` and ``getSynchronizationSources`` read) and its ``_enabled`` flag, the DTLS
+    transport's ``_rx_srtp`` session and receive counters (``__rx_packets``,
+    ``__rx_bytes``), and the ICE connection's ``data_received``, which aioice's protocols
+    call for every datagram that is not STUN; it is replaced on the connection instance.
+    Everything else (DTLS, RTCP, other payload types) still goes aiortc's way.
+    Remove if aiortc lets a receiver hand RTP packets to a caller as they arrive.
 
 Host candidates (:func:`restrict_host_addresses`, :func:`bind_host_ports`,
 :func:`announce_host_address`)
@@ -60,14 +75,17 @@ Host candidates (:func:`restrict_host_addresses`, :func:`bind_host_ports`,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import aioice
 import aioice.ice
 import aiortc
+import pylibsrtp
+from aiortc import clock
 from aiortc.rtcdtlstransport import RTCCertificate
-from aiortc.rtcrtpparameters import RTCRtpSendParameters
+from aiortc.rtcrtpparameters import RTCRtpReceiveParameters, RTCRtpSendParameters
+from aiortc.rtcrtpreceiver import StreamStatistics
 from OpenSSL import SSL
 
 from media.rtc import ice
@@ -92,6 +110,16 @@ SENDER_PACKET_COUNT = "_RTCRtpSender__packet_count"
 SENDER_OCTET_COUNT = "_RTCRtpSender__octet_count"
 SENDER_RTP_TIMESTAMP = "_RTCRtpSender__rtp_timestamp"
 SENDER_NTP_TIMESTAMP = "_RTCRtpSender__ntp_timestamp"
+RECEIVER_REMOTE_STREAMS = "_RTCRtpReceiver__remote_streams"
+RECEIVER_ACTIVE_SOURCES = "_RTCRtpReceiver__active_ssrc"
+RECEIVER_CODECS = "_RTCRtpReceiver__codecs"
+DTLS_COUNTERS = {
+    "rx_packets": "_RTCDtlsTransport__rx_packets",
+    "rx_bytes": "_RTCDtlsTransport__rx_bytes",
+    "tx_packets": "_RTCDtlsTransport__tx_packets",
+    "tx_bytes": "_RTCDtlsTransport__tx_bytes",
+}
+RTCP_PACKET_TYPES = range(192, 224)  # the second byte of an RTCP packet (RFC 5761 section 4)
 
 _stock_create_ssl_context: Callable[..., SSL.Context] = RTCCertificate._create_ssl_context
 _stock_get_host_addresses = aioice.ice.get_host_addresses
@@ -235,6 +263,8 @@ def protected_rtp_send(dtls: aiortc.RTCDtlsTransport) -> Callable[[bytes], None]
     """
     check_versions()
     ice_connection = dtls.transport._connection
+    _check_dtls_counters(dtls)
+    packets, octets = DTLS_COUNTERS["tx_packets"], DTLS_COUNTERS["tx_bytes"]
 
     def send(packet: bytes) -> None:
         if dtls.state != "connected":
@@ -242,6 +272,96 @@ def protected_rtp_send(dtls: aiortc.RTCDtlsTransport) -> Callable[[bytes], None]
         pair = ice_connection._nominated.get(1)
         if pair is None or pair.protocol.transport is None:
             raise ConnectionError("ICE has no nominated pair")
-        pair.protocol.transport.sendto(dtls._tx_srtp.protect(packet), pair.remote_addr)
+        data = dtls._tx_srtp.protect(packet)
+        pair.protocol.transport.sendto(data, pair.remote_addr)
+        setattr(dtls, packets, getattr(dtls, packets) + 1)
+        setattr(dtls, octets, getattr(dtls, octets) + len(data))
 
     return send
+
+
+def _check_dtls_counters(dtls: aiortc.RTCDtlsTransport) -> None:
+    if not all(hasattr(dtls, name) for name in DTLS_COUNTERS.values()):
+        raise UncheckedVersion("this aiortc's DTLS transport keeps no packet counters")
+
+
+# --- audio packets from the socket ---------------------------------------------------------
+
+
+def when_receiver_starts(
+    receiver: aiortc.RTCRtpReceiver, started: Callable[[RTCRtpReceiveParameters], None]
+) -> None:
+    """Call ``started`` with the negotiated parameters once ``receiver`` starts (DTLS is up)."""
+    check_versions()
+    stock_receive = receiver.receive
+
+    async def receive(parameters: RTCRtpReceiveParameters) -> None:
+        await stock_receive(parameters)
+        started(parameters)
+
+    receiver.receive = receive  # type: ignore[method-assign]
+
+
+def received_report(receiver: aiortc.RTCRtpReceiver) -> Callable[[Any], None]:
+    """What keeps ``receiver``'s statistics true for a packet taken around it (one with
+    ``RtpPacket``'s ``ssrc``, ``payload_type``, ``sequence_number`` and ``timestamp``): its
+    RTCP receiver reports, ``getStats`` and ``getSynchronizationSources`` read them."""
+    check_versions()
+    if not hasattr(receiver, RECEIVER_REMOTE_STREAMS):
+        raise UncheckedVersion("this aiortc's receiver keeps no stream statistics")
+    streams: dict[int, StreamStatistics] = getattr(receiver, RECEIVER_REMOTE_STREAMS)
+    sources: dict[int, Any] = getattr(receiver, RECEIVER_ACTIVE_SOURCES)
+    codecs: dict[int, Any] = getattr(receiver, RECEIVER_CODECS)
+
+    def report(packet: Any) -> None:
+        sources[packet.ssrc] = clock.current_datetime()
+        stream = streams.get(packet.ssrc)
+        if stream is None:
+            stream = streams[packet.ssrc] = StreamStatistics(codecs[packet.payload_type].clockRate)
+        stream.add(packet)
+
+    return report
+
+
+def divert_rtp(
+    receiver: aiortc.RTCRtpReceiver,
+    payload_types: Collection[int],
+    take: Callable[[bytes], None],
+) -> None:
+    """From now on hand every SRTP packet of ``payload_types`` that reaches ``receiver``'s
+    transport to ``take``, unprotected, in aioice's datagram callback; the rest (DTLS, RTCP,
+    other payload types) still goes through aiortc's queue. Call once the receiver started.
+
+    A packet that fails SRTP authentication (or replays one) is dropped, as aiortc drops it.
+    """
+    check_versions()
+    dtls = receiver.transport
+    session = dtls._rx_srtp
+    if session is None:
+        raise ConnectionError("DTLS is not connected")
+    _check_dtls_counters(dtls)
+    packets, octets = DTLS_COUNTERS["rx_packets"], DTLS_COUNTERS["rx_bytes"]
+    connection = dtls.transport._connection
+    stock_data_received = connection.data_received
+    wanted = frozenset(payload_types)
+
+    def data_received(data: bytes, component: int) -> None:
+        if (
+            len(data) > 1
+            and 127 < data[0] < 192
+            and data[1] not in RTCP_PACKET_TYPES
+            and data[1] & 0x7F in wanted
+        ):
+            setattr(dtls, packets, getattr(dtls, packets) + 1)
+            setattr(dtls, octets, getattr(dtls, octets) + len(data))
+            if not receiver._enabled:
+                return
+            try:
+                rtp = session.unprotect(data)
+            except pylibsrtp.Error:
+                return
+            take(rtp)
+        else:
+            stock_data_received(data, component)
+
+    connection.data_received = data_received  # type: ignore[method-assign]

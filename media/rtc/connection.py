@@ -13,24 +13,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
-from aiortc.rtcrtpparameters import RTCRtpSendParameters
+from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCRtpSender, RTCSessionDescription
+from aiortc.rtcrtpparameters import RTCRtpReceiveParameters, RTCRtpSendParameters
 from aiortc.sdp import candidate_from_sdp
 
 from media.pipeline.base import Pipeline
 from media.rtc.candidates import reachable_candidate
 from media.rtc.compat import (
+    divert_rtp,
     forget_sent_packets,
     install_receive_path,
     protected_rtp_send,
+    received_report,
     sender_ssrc,
     sent_report,
+    when_receiver_starts,
     when_sender_starts,
 )
 from media.rtc.ice import IceServerConfig, NoMediaPorts, rtc_configuration
 from media.rtc.loss_feedback import LossAdaptiveFec
 from media.rtc.media_tick import MediaTick, TickStream
 from media.rtc.receive import AudioReceivePath
+from media.rtc.rtp_intake import RtpIntake
 from media.rtc.rtp_stream import RtpAudioStream
 from media.rtc.tracks import ParkedAudioTrack
 
@@ -108,6 +112,19 @@ def _prefer_opus(pc: RTCPeerConnection) -> None:
             transceiver.setCodecPreferences(opus)
 
 
+def _start_receiving(
+    receiver: RTCRtpReceiver, parameters: RTCRtpReceiveParameters, path: AudioReceivePath
+) -> None:
+    """DTLS is up: the Opus packets go from the socket's callback to the receive path.
+
+    The few that aiortc queued before this still reach the path through its receiver
+    (``install_receive_path``), as would any other payload type.
+    """
+    opus = [c.payloadType for c in parameters.codecs if c.mimeType.lower() == "audio/opus"]
+    intake = RtpIntake(path, received_report(receiver))
+    divert_rtp(receiver, [pt for pt in opus if pt is not None], intake.take)
+
+
 class RtcConnection:
     """aiortc's peer connection for one attachment of one session."""
 
@@ -146,6 +163,9 @@ class RtcConnection:
                 on_stall=pipeline.input_stalled,
             )
             install_receive_path(audio.receiver, receive)
+            when_receiver_starts(
+                audio.receiver, lambda p: _start_receiving(audio.receiver, p, receive)
+            )
             pipeline.attach(receive)
             if send_audio:
                 sender = pc.addTrack(ParkedAudioTrack())
