@@ -51,6 +51,10 @@ class DropOldestQueue(Generic[T]):
             await self._not_empty.wait()
         return self._items.popleft()
 
+    def pop(self) -> T:
+        """The oldest item, taken at once (``IndexError`` when there is none)."""
+        return self._items.popleft()
+
     def clear(self) -> int:
         """Discard everything queued; return how many items went."""
         n = len(self._items)

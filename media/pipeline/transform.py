@@ -95,10 +95,12 @@ class TransformPipeline(Pipeline):
         self._engine_calls_done = 0
         self._engine_errors = 0
         self._inflight: Future[tuple[np.ndarray, Any]] | None = None
+        # An inline engine's recovery from a failed call, while it runs (see _run_inline).
+        self._recovering: asyncio.Task[None] | None = None
 
     def _on_attach(self, first: bool) -> None:
         self.pacer.input_stall(InputStall.GIVEN_UP)  # the replaced input's stall is not waited for
-        if not self._tasks:
+        if not self._tasks and not self.engine.runs_inline:
             name = f"engine-{self._session_id[:8]}"
             self._tasks = [asyncio.create_task(self._work(), name=name)]
 
@@ -113,6 +115,8 @@ class TransformPipeline(Pipeline):
         self.stages.pushed(len(pcm), arrived, fed, resample, self._clock())
         if evicted is not None:
             self.latency.dropped(self.stages.evicted(), taken=self.stages.taken)
+        if self.engine.runs_inline and self._recovering is None:
+            self._run_inline()
 
     relays_input_stalls = True
 
@@ -181,8 +185,6 @@ class TransformPipeline(Pipeline):
                 if isinstance(self.engine, BatchedTransformEngine):
                     # The engine's scheduler thread runs it with other sessions' hops.
                     out = await asyncio.wrap_future(self.engine.submit(self._state, chunk))
-                elif self.engine.runs_inline:
-                    out, self._state = self.engine.process(self._state, chunk)
                 else:
                     self._inflight = self._engine_calls.submit(
                         self.engine.process, self._state, chunk
@@ -190,18 +192,53 @@ class TransformPipeline(Pipeline):
                     out, self._state = await asyncio.wrap_future(self._inflight)
                     self._inflight = None
             except Exception as exc:
-                log.exception("session %s: engine %s failed", self._session_id, self.engine.name)
-                self._engine_errors += 1
+                self._count_failure()
                 await self._recover(loop, chunk, exc)
                 self._stage_produced(self._clock(), 0.0)
                 continue
-            done = self._clock()
-            self._engine_calls_done += 1
-            resample = 0.0
-            if len(out):
-                samples, resample = timed_resample(self._from_engine, out)
-                self.output.write(samples)
-            self._stage_produced(done, resample)
+            self._produced(out)
+
+    def _run_inline(self) -> None:
+        """Run an inline engine on what is queued, in the callback that fed it.
+
+        The frame goes on to the output at once, where a worker task would be woken for
+        every frame. A failed call's recovery resets the state off the loop, as a task;
+        the chunks that come meanwhile wait for it in the queue, in order.
+        """
+        while self._input_queue:
+            chunk = self._input_queue.pop()
+            self.stages.dequeued(self._clock())
+            try:
+                out, self._state = self.engine.process(self._state, chunk)
+            except Exception as exc:
+                self._count_failure()
+                self._recovering = asyncio.create_task(self._recover_inline(chunk, exc))
+                self._tasks.append(self._recovering)
+                return
+            self._produced(out)
+
+    async def _recover_inline(self, chunk: np.ndarray, error: Exception) -> None:
+        try:
+            await self._recover(asyncio.get_running_loop(), chunk, error)
+            self._stage_produced(self._clock(), 0.0)
+        finally:
+            if self._recovering in self._tasks:
+                self._tasks.remove(self._recovering)
+            self._recovering = None
+        self._run_inline()
+
+    def _count_failure(self) -> None:
+        log.exception("session %s: engine %s failed", self._session_id, self.engine.name)
+        self._engine_errors += 1
+
+    def _produced(self, out: np.ndarray) -> None:
+        done = self._clock()
+        self._engine_calls_done += 1
+        resample = 0.0
+        if len(out):
+            samples, resample = timed_resample(self._from_engine, out)
+            self.output.write(samples)
+        self._stage_produced(done, resample)
 
     def _stage_produced(self, done: float, resample: float) -> None:
         self.stages.produced(done, resample, self.output.buffer.written, self._clock())
