@@ -23,6 +23,7 @@ import numpy as np
 RATE = 48_000
 MAX_FRAME_SAMPLES = 5760  # 120 ms at 48 kHz, the longest Opus packet
 MAX_PACKET_BYTES = 1500
+CELT_ONLY_CONFIGS = 16  # TOC configurations from here on code CELT only (no SILK layer)
 
 _OPUS_OK = 0
 _SET_BITRATE = 4002
@@ -89,8 +90,14 @@ def _check(code: int, what: str) -> int:
 
 
 def packet_has_fec(payload: bytes) -> bool:
-    """Whether ``payload`` carries an in-band FEC copy of the packet before it."""
-    return bool(payload) and _lib().opus_packet_has_lbrr(payload, len(payload)) == 1
+    """Whether ``payload`` carries an in-band FEC copy of the packet before it.
+
+    The copy lives in the SILK layer: a CELT-only packet (TOC configurations 16-31, RFC
+    6716 section 3.1) has none, which its first byte tells without a call into libopus.
+    """
+    if not payload or payload[0] >> 3 >= CELT_ONLY_CONFIGS:
+        return False
+    return bool(_lib().opus_packet_has_lbrr(payload, len(payload)) == 1)
 
 
 class OpusDecoder:

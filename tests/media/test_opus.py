@@ -16,6 +16,7 @@ from media.audio.opus import (
     OpusDecoder,
     OpusEncoder,
     OpusError,
+    _lib,
     packet_has_fec,
 )
 
@@ -166,6 +167,20 @@ class TestForwardErrorCorrection:
         encoder = OpusEncoder(application=Application.VOIP, bitrate=24_000, fec=False)
         assert not any(packet_has_fec(p) for p in encode_all(encoder, voiced(1.0)))
         assert not packet_has_fec(b"")
+
+    @pytest.mark.parametrize(("bitrate", "fec"), [(24_000, True), (96_000, True), (96_000, False)])
+    def test_the_first_byte_shortcut_agrees_with_libopus(self, bitrate: int, fec: bool) -> None:
+        """CELT-only packets (96 kb/s without FEC) are answered from their TOC byte; SILK and
+        hybrid ones by libopus; either way libopus itself says the same."""
+        encoder = OpusEncoder(
+            application=Application.VOIP, bitrate=bitrate, fec=fec, expected_loss_percent=20
+        )
+        lib = _lib()
+        packets = encode_all(encoder, voiced(1.0, seed=2))
+        for packet in packets:
+            assert packet_has_fec(packet) == (lib.opus_packet_has_lbrr(packet, len(packet)) == 1)
+        if not fec:
+            assert all(packet[0] >> 3 >= 16 for packet in packets)  # CELT only
 
     def test_fec_rebuilds_a_lost_frame_closer_than_concealment(self, packets: list[bytes]) -> None:
         """Each lost frame is compared with a clean decode of it; FEC must win by far."""
