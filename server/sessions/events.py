@@ -60,5 +60,10 @@ class EventHub:
         self._channel_send = None
 
     @property
+    def heard(self) -> bool:
+        """Whether anyone takes the events now (the data channel or an SSE stream)."""
+        return self._channel_send is not None or bool(self._listeners)
+
+    @property
     def listeners(self) -> int:
         return len(self._listeners)

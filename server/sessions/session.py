@@ -143,10 +143,13 @@ class Session:
         }
 
     async def report_stats(self) -> None:
-        """Publish ``stats`` once a second for as long as the session lives."""
+        """Publish ``stats`` once a second for as long as the session lives (each built
+        only when someone listens: a call without a data channel or SSE stream, such as a
+        WHIP publisher's, would pay for summaries nobody reads)."""
         while True:
             await asyncio.sleep(STATS_INTERVAL_SECONDS)
-            self.events.publish(self.stats_event())
+            if self.events.heard:
+                self.events.publish(self.stats_event())
 
     def describe(self) -> dict[str, Any]:
         return {
