@@ -12,6 +12,11 @@ comes as the calls' packets do, not in one burst every 20 ms.
 
 A session whose output ends, or whose sending fails in a way that is not a dropped
 connection, leaves the tick; the others go on.
+
+The receive side needs no task at all: each caller packet is handed to its receive path
+in the socket's own datagram callback (``media.rtc.rtp_intake``), and with an inline
+engine (echo) the frame it completes is written to the output, and the session woken
+here, in that same callback.
 """
 
 from __future__ import annotations

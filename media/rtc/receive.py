@@ -32,8 +32,9 @@ libwebrtc's NetEq instead:
   up after that it is dropped as late;
 - a packet libopus cannot decode, or that decodes to a duration its stream's timestamps
   rule out (random bytes often "decode" to loud noise), is a lost packet, counted
-  (``undecodable``), never an exception: aiortc calls this path from its DTLS loop, which
-  an exception would end. A stream that stays undecodable is muted, and after
+  (``undecodable``), never an exception: the socket's datagram callback calls this path
+  (``media.rtc.rtp_intake``; aiortc's DTLS loop for the packets it queued before DTLS was
+  up, a loop that an exception would end). A stream that stays undecodable is muted, and after
   ``UNDECODABLE_ERROR_S`` reported once through ``on_error``;
 - media a sender delivers beyond real time plus a burst allowance is dropped undecoded
   (counted as ``over_real_time``): a caller cannot buy more than real time;
@@ -48,7 +49,8 @@ libwebrtc's NetEq instead:
 
 ``AudioReceivePath.add`` has the signature of aiortc's ``JitterBuffer.add``, so
 ``media.rtc.compat.install_receive_path`` can put it in an ``RTCRtpReceiver`` in place of the
-stock buffer. It is an ``AudioInput`` of the pipeline it feeds.
+stock buffer; ``media.rtc.rtp_intake`` hands it packets the same way. It is an
+``AudioInput`` of the pipeline it feeds.
 """
 
 from __future__ import annotations
@@ -315,7 +317,7 @@ class AudioReceivePath:
     def add(self, packet: Any) -> tuple[bool, None]:
         try:
             self.receive(packet.sequence_number, packet.timestamp, bytes(packet.payload))
-        except Exception:  # an exception here would end aiortc's DTLS loop, and the call
+        except Exception:  # in aiortc's DTLS loop an exception would end the call
             log.exception("the receive path failed on a packet; it is dropped")
         return False, None
 
