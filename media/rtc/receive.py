@@ -292,7 +292,7 @@ class AudioReceivePath:
         self._anchor: float | None = None
         self._slot = 0
         self._timer: Any = None
-        self._waiting = False  # the current slot has started and waits for audio
+        self._waiting = False  # the current slot waits for its audio (a packet fires it)
         self._idle = False
         self._last_arrival = -math.inf
         self._control_steps = DelayControl()
@@ -368,8 +368,11 @@ class AudioReceivePath:
             self._anchor, self._slot = now, 0
             self._control_steps.rebase()
             self._fire(now)
-        elif self._waiting and now >= self._slot_start() and self._can_play(now):
-            self._fire(now)
+        elif self._waiting and self._can_play(now):
+            if now >= self._slot_start():
+                self._fire(now)
+            else:  # early for its slot: it plays when the slot starts
+                self._arm(self._slot_start(), waiting=False)
 
     def close(self) -> None:
         self._closed = True
@@ -773,10 +776,12 @@ class AudioReceivePath:
         start = self._slot_start()
         if self._stall_start is not None and start > now:
             self._end_stall(InputStall.RELAYED)  # the held slots are played: on the grid again
-        if self._can_play(now):
-            self._arm(start, waiting=False)
+        if self._pending or self._can_play(now):
+            self._arm(start, waiting=False)  # at its start a gap before them may be lost
         else:
-            self._arm(max(start, now), waiting=False)
+            # Nothing for the next slot is here: until its deadline only the packet that
+            # brings its audio can move it on (and plays it, from the slot's start on).
+            self._arm(self._slot_deadline(start), waiting=True)
 
     def _play(self, now: float, start: float) -> None:
         while self._pending and self._next_seq not in self._pending and self._gap_is_lost(now):
