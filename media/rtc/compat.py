@@ -229,7 +229,8 @@ def when_sender_starts(
 
     async def send(parameters: RTCRtpSendParameters) -> None:
         await stock_send(parameters)
-        started(parameters)
+        sender.send = stock_send  # type: ignore[method-assign]
+        started(parameters)  # once: aiortc calls send again on each (re)connect, as a no-op
 
     sender.send = send  # type: ignore[method-assign]
 
@@ -297,7 +298,8 @@ def when_receiver_starts(
 
     async def receive(parameters: RTCRtpReceiveParameters) -> None:
         await stock_receive(parameters)
-        started(parameters)
+        receiver.receive = stock_receive  # type: ignore[method-assign]
+        started(parameters)  # once, as for a sender
 
     receiver.receive = receive  # type: ignore[method-assign]
 

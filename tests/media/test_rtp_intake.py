@@ -148,6 +148,24 @@ async def test_a_calls_audio_comes_through_the_socket_callback(loopback_ice: Non
         await caller.close()
 
 
+async def test_a_receiver_started_again_is_not_diverted_twice(loopback_ice: None) -> None:
+    """aiortc calls ``receive`` again on every (re)connect, a no-op for it; so is ours."""
+    pc = RTCPeerConnection()
+    receiver = pc.addTransceiver("audio").receiver
+    calls: list[RTCRtpReceiveParameters] = []
+
+    async def stock_receive(parameters: RTCRtpReceiveParameters) -> None:
+        return None
+
+    receiver.receive = stock_receive  # type: ignore[method-assign]
+    when_receiver_starts(receiver, calls.append)
+    parameters = RTCRtpReceiveParameters()
+    await receiver.receive(parameters)
+    await receiver.receive(parameters)
+    assert calls == [parameters]
+    await pc.close()
+
+
 async def test_other_payload_types_still_go_aiortcs_way(loopback_ice: None) -> None:
     caller, callee, _, stock, taken = await call(divert=False)
     try:
