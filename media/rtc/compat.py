@@ -225,14 +225,21 @@ def when_sender_starts(
 ) -> None:
     """Call ``started`` with the negotiated parameters once ``sender`` starts sending."""
     check_versions()
-    stock_send = sender.send
+    _tell_first_call(sender, "send", started)
 
-    async def send(parameters: RTCRtpSendParameters) -> None:
-        await stock_send(parameters)
-        sender.send = stock_send  # type: ignore[method-assign]
-        started(parameters)  # once: aiortc calls send again on each (re)connect, as a no-op
 
-    sender.send = send  # type: ignore[method-assign]
+def _tell_first_call(instance: Any, method: str, started: Callable[[Any], None]) -> None:
+    """Wrap ``instance.method`` (an async method taking the negotiated parameters) so that
+    ``started`` hears of its first call, once it returned. Only once: aiortc calls a
+    sender's ``send`` and a receiver's ``receive`` again on every (re)connect, as no-ops."""
+    stock = getattr(instance, method)
+
+    async def first_call(parameters: Any) -> None:
+        await stock(parameters)
+        setattr(instance, method, stock)
+        started(parameters)
+
+    setattr(instance, method, first_call)
 
 
 def sender_ssrc(sender: aiortc.RTCRtpSender) -> int:
@@ -264,8 +271,7 @@ def protected_rtp_send(dtls: aiortc.RTCDtlsTransport) -> Callable[[bytes], None]
     """
     check_versions()
     ice_connection = dtls.transport._connection
-    _check_dtls_counters(dtls)
-    packets, octets = DTLS_COUNTERS["tx_packets"], DTLS_COUNTERS["tx_bytes"]
+    count = _dtls_counter(dtls, "tx")
 
     def send(packet: bytes) -> None:
         if dtls.state != "connected":
@@ -275,15 +281,23 @@ def protected_rtp_send(dtls: aiortc.RTCDtlsTransport) -> Callable[[bytes], None]
             raise ConnectionError("ICE has no nominated pair")
         data = dtls._tx_srtp.protect(packet)
         pair.protocol.transport.sendto(data, pair.remote_addr)
-        setattr(dtls, packets, getattr(dtls, packets) + 1)
-        setattr(dtls, octets, getattr(dtls, octets) + len(data))
+        count(len(data))
 
     return send
 
 
-def _check_dtls_counters(dtls: aiortc.RTCDtlsTransport) -> None:
-    if not all(hasattr(dtls, name) for name in DTLS_COUNTERS.values()):
+def _dtls_counter(dtls: aiortc.RTCDtlsTransport, direction: str) -> Callable[[int], None]:
+    """What counts a datagram of ``size`` bytes sent (``tx``) or received (``rx``) around
+    ``dtls`` in its own ``transport`` stats."""
+    packets, octets = DTLS_COUNTERS[f"{direction}_packets"], DTLS_COUNTERS[f"{direction}_bytes"]
+    if not (hasattr(dtls, packets) and hasattr(dtls, octets)):
         raise UncheckedVersion("this aiortc's DTLS transport keeps no packet counters")
+
+    def count(size: int) -> None:
+        setattr(dtls, packets, getattr(dtls, packets) + 1)
+        setattr(dtls, octets, getattr(dtls, octets) + size)
+
+    return count
 
 
 # --- audio packets from the socket ---------------------------------------------------------
@@ -294,14 +308,7 @@ def when_receiver_starts(
 ) -> None:
     """Call ``started`` with the negotiated parameters once ``receiver`` starts (DTLS is up)."""
     check_versions()
-    stock_receive = receiver.receive
-
-    async def receive(parameters: RTCRtpReceiveParameters) -> None:
-        await stock_receive(parameters)
-        receiver.receive = stock_receive  # type: ignore[method-assign]
-        started(parameters)  # once, as for a sender
-
-    receiver.receive = receive  # type: ignore[method-assign]
+    _tell_first_call(receiver, "receive", started)
 
 
 def received_report(receiver: aiortc.RTCRtpReceiver) -> Callable[[Any], None]:
@@ -341,8 +348,7 @@ def divert_rtp(
     session = dtls._rx_srtp
     if session is None:
         raise ConnectionError("DTLS is not connected")
-    _check_dtls_counters(dtls)
-    packets, octets = DTLS_COUNTERS["rx_packets"], DTLS_COUNTERS["rx_bytes"]
+    count = _dtls_counter(dtls, "rx")
     connection = dtls.transport._connection
     stock_data_received = connection.data_received
     wanted = frozenset(payload_types)
@@ -354,8 +360,7 @@ def divert_rtp(
             and data[1] not in RTCP_PACKET_TYPES
             and data[1] & 0x7F in wanted
         ):
-            setattr(dtls, packets, getattr(dtls, packets) + 1)
-            setattr(dtls, octets, getattr(dtls, octets) + len(data))
+            count(len(data))
             if not receiver._enabled:
                 return
             try:

@@ -82,12 +82,10 @@ class RtpIntake:
     def __init__(self, sink: PacketSink, report: Callable[[RtpAudioPacket], None]) -> None:
         self._sink = sink
         self._report = report
-        self.malformed = 0
 
     def take(self, data: bytes) -> None:
         packet = parse_rtp(data)
         if packet is None:
-            self.malformed += 1  # aiortc drops these too (its parser raises)
-            return
+            return  # aiortc drops these too (its parser raises)
         self._report(packet)
         self._sink.add(packet)
