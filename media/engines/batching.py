@@ -43,6 +43,10 @@ class SchedulerClosed(RuntimeError):
     """The engine is shutting down."""
 
 
+class SlotLeft(RuntimeError):
+    """The session left while its hops were in a round (its output is nobody's now)."""
+
+
 class BatchModel(Protocol):
     """What the scheduler drives: a model with per-stream state in slots."""
 
@@ -99,7 +103,7 @@ class TickScheduler:
         self._live: set[int] = set()
         self._closed = False
         # Held while the model runs a step; slot changes (open, reset, close) take it too,
-        # so the model never sees one beside a step.
+        # so the model never sees one beside a step. Taken before ``_lock`` where both are.
         self.model_lock = threading.Lock()
         self.stats = SchedulerStats()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -136,6 +140,24 @@ class TickScheduler:
             self._waiting.append(_Job(slot, hops, future, self._clock()))
             self._lock.notify()
         return future
+
+    def _step(self, step: list[_Job]) -> tuple[np.ndarray | list[np.ndarray], Exception | None]:
+        """Under ``model_lock``: one model call for the next hop of each job of ``step``."""
+        if not step:
+            return [], None
+        try:
+            hops = np.stack([job.hops[job.next_index] for job in step])
+            return self._model.process([job.slot for job in step], hops), None
+        except Exception as exc:
+            log.exception("batched step of %d streams failed", len(step))
+            return [], exc
+
+    def _left(self, step: list[_Job]) -> list[_Job]:
+        """Under ``model_lock``: the jobs of ``step`` whose slot left since the round began
+        (a session closed between two of its chunk's hops: its slot may be closed already,
+        and the model would refuse the whole step for it)."""
+        with self._lock:
+            return [job for job in step if job.slot not in self._live]
 
     def close(self) -> None:
         with self._lock:
@@ -193,15 +215,18 @@ class TickScheduler:
                     seen.add(job.slot)
             if not step:
                 break
-            hops = np.stack([job.hops[job.next_index] for job in step])
-            try:
-                with self.model_lock:
-                    out = self._model.process([job.slot for job in step], hops)
-            except Exception as exc:  # every session in the step learns of it
-                log.exception("batched step of %d streams failed", len(step))
+            with self.model_lock:
+                left = self._left(step)
+                step = [job for job in step if job not in left]
+                out, failure = self._step(step)
+            for job in left:
+                job.future.set_exception(SlotLeft(f"slot {job.slot} left during its round"))
+            if failure is not None:  # every session in the step learns of it
                 for job in step:
-                    job.future.set_exception(exc)
-                pending = [job for job in pending if job not in step]
+                    job.future.set_exception(failure)
+                step = []
+            pending = [job for job in pending if not job.future.done()]
+            if not step:
                 continue
             self.stats.steps += 1
             self.stats.hops += len(step)

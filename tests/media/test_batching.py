@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 
-from media.engines.batching import SchedulerClosed, SchedulerFull, TickScheduler
+from media.engines.batching import SchedulerClosed, SchedulerFull, SlotLeft, TickScheduler
 
 HOP = 4
 WAIT = 0.02
@@ -113,6 +113,55 @@ def test_a_slot_that_leaves_is_not_waited_for_and_its_hops_are_dropped(scheduler
     scheduler.submit(0, hops(1)).result(timeout=2)
     assert time.monotonic() - began < WAIT
     assert 1 not in {slot for step in model.steps for slot in step}
+
+
+class ClosingModel(RecordingModel):
+    """Refuses a slot that is closed, as the real batched models do; slot 1 leaves (and is
+    closed) while the first step of the round runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: set[int] = set()
+        self.on_first_step: threading.Event = threading.Event()
+        self.may_go_on = threading.Event()
+
+    def process(self, slots: Sequence[int], hops: np.ndarray) -> np.ndarray:
+        if closed := self.closed.intersection(slots):
+            raise KeyError(f"slot {closed.pop()} is not open")
+        if not self.on_first_step.is_set():
+            self.on_first_step.set()
+            assert self.may_go_on.wait(2)
+        return super().process(slots, hops)
+
+
+def test_a_slot_that_leaves_mid_round_fails_only_its_own_chunk():
+    model = ClosingModel()
+    scheduler = TickScheduler(model, max_wait_s=WAIT)
+    try:
+        scheduler.join(0)
+        scheduler.join(1)
+        staying = scheduler.submit(0, hops(5, count=2))
+        leaving = scheduler.submit(1, hops(7, count=2))
+        assert model.on_first_step.wait(2)
+
+        def close_slot_1() -> None:  # as an engine's close_state does
+            scheduler.leave(1)
+            with scheduler.model_lock:
+                model.closed.add(1)
+
+        closer = threading.Thread(target=close_slot_1)
+        closer.start()
+        time.sleep(0.05)  # the closer now waits for the step under way
+        model.may_go_on.set()
+        closer.join(2)
+        np.testing.assert_array_equal(
+            staying.result(timeout=2), np.repeat([5 + 1000, 5 + 2000], HOP)
+        )
+        with pytest.raises(SlotLeft):
+            leaving.result(timeout=2)
+        assert model.steps == [[0, 1], [0]]
+    finally:
+        scheduler.close()
 
 
 def test_a_slot_cannot_queue_more_than_its_share(model):

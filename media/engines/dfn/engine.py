@@ -90,13 +90,17 @@ class BatchedDenoiseEngine(BatchedTransformEngine[DenoiseState]):
 
     def reset_state(self, state: DenoiseState, options: Mapping[str, Any]) -> DenoiseState:
         """The same slot, fresh: the other sessions' rows are not touched."""
-        self._model.reset_slot(state.slot)
+        with self._scheduler.model_lock:
+            self._model.reset_slot(state.slot)
         state.pending = np.zeros(0, np.float32)
         return state
 
     def close_state(self, state: DenoiseState) -> None:
+        """Rounds stop taking the slot's hops, then the slot is freed between two steps
+        (a step already under way for it ends first, at most one batch call)."""
         self._scheduler.leave(state.slot)
-        self._model.close_slot(state.slot)
+        with self._scheduler.model_lock:
+            self._model.close_slot(state.slot)
 
     def close(self) -> None:
         self._scheduler.close()
