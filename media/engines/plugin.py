@@ -57,8 +57,9 @@ class EnginePlugin:
     # Engines of one package may share a namespace (``cosyvoice`` and ``cosyvoice-vc``
     # read the same model directory); None: the engine's name.
     namespace: str | None = None
-    # A speak engine whose model may live in a model host process, served to the media
-    # workers through ``media.engines.hosted``; the others load in every worker.
+    # An engine (speak, or a batched transform) whose model may live in a model host
+    # process, served to the media workers through ``media.engines.hosted``; the others
+    # load in every worker.
     hostable: bool = False
 
     @property

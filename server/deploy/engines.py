@@ -67,7 +67,7 @@ def _all_names(settings: Settings) -> list[str]:
 
 
 def _add_hosted(registry: EngineRegistry, path: str, names: list[str]) -> None:
-    from media.engines.hosted.engine import hosted_engines
+    from media.engines.hosted.catalog import hosted_engines
     from media.engines.hosted.link import HostLink
 
     link = HostLink(path)

@@ -7,7 +7,12 @@ Messages (``media.engines.hosted.wire``), worker to host:
 - ``close {state}``: the session ended;
 - ``speak {s, state, text}``: an utterance, answered by ``audio {s, at, n}`` messages (the
   chunk's place in the ring) and one ``end {s, error?}``;
-- ``cancel {s}``, ``took {s, n}`` (samples of ``s`` taken), ``read {at}`` (ring consumed).
+- ``cancel {s}``, ``took {s, n}`` (samples of ``s`` taken), ``read {at}`` (ring consumed);
+- ``hop {h, state}`` + float32 samples (a transform session's chunk, at most a second) ->
+  ``out {h}`` + the engine's float32 output, or ``out {h, error, code}``: a batched engine
+  takes it on this loop into its batch loop, which every worker's sessions share; another
+  engine runs it on the session's serial queue of the compute threads;
+- ``reset {req, state}`` -> ``done {req}``: a transform state after a failed chunk.
 
 A request that cannot be served is answered ``refused {req, error, code}``; a message
 that is not one of these is logged and dropped; one that breaks the wire format ends this
@@ -22,13 +27,19 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from media.engines.base import EngineError, SpeakEngine
+from media.engines.base import (
+    BatchedTransformEngine,
+    Engine,
+    EngineError,
+    SpeakEngine,
+    TransformEngine,
+)
 from media.engines.hosted.ring import AudioRing
 from media.engines.hosted.wire import Header, ProtocolError, encode, read_message
 from media.pipeline.executor import SerialExecutor
@@ -37,6 +48,8 @@ from server.host.utterance import HostedUtterance
 log = logging.getLogger(__name__)
 
 RING_BYTES = 4 * 1024 * 1024  # 43 s of 24 kHz float32: far more than credit lets out
+MAX_HOP_BYTES = 48_000 * 4  # a second of 48 kHz float32: a chunk is one 20 ms frame
+MAX_HOPS_IN_FLIGHT = 2  # a session's pipeline waits for each chunk before the next
 
 
 class Refused(Exception):
@@ -49,10 +62,12 @@ class Refused(Exception):
 
 @dataclass(eq=False)
 class HostedSession:
-    engine: SpeakEngine[Any]
+    engine: Engine[Any]
     state: Any
     calls: SerialExecutor
+    options: dict[str, Any] = field(default_factory=dict)
     utterances: set[int] = field(default_factory=set)
+    hops_in_flight: int = 0
 
 
 class WorkerConnection:
@@ -60,7 +75,7 @@ class WorkerConnection:
 
     def __init__(
         self,
-        engines: dict[str, SpeakEngine[Any]],
+        engines: dict[str, Engine[Any]],
         pool: Executor,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
@@ -98,7 +113,9 @@ class WorkerConnection:
     def _dispatch(self, header: Header, payload: bytes) -> None:
         kind = header["t"]
         try:
-            if kind in ("open", "prompt"):
+            if kind == "hop":
+                self._hop(int(header["h"]), int(header["state"]), payload)
+            elif kind in ("open", "prompt", "reset"):
                 self._start(self._answer(header, payload))
             elif kind == "speak":
                 self._speak(int(header["s"]), int(header["state"]), str(header["text"]))
@@ -123,6 +140,9 @@ class WorkerConnection:
             if header["t"] == "open":
                 state = await self._open(str(header["engine"]), header.get("options") or {})
                 self.send({"t": "opened", "req": request, "state": state})
+            elif header["t"] == "reset":
+                await self._reset(header)
+                self.send({"t": "done", "req": request})
             else:
                 await self._prompt(header, payload)
                 self.send({"t": "done", "req": request})
@@ -144,9 +164,13 @@ class WorkerConnection:
         except EngineError as exc:
             raise Refused(str(exc), "bad_options") from exc
         calls = SerialExecutor(self._pool)
-        state = await asyncio.wrap_future(calls.submit(engine.new_state, options))
+        try:
+            state = await asyncio.wrap_future(calls.submit(engine.new_state, options))
+        except Exception as exc:  # the engine is full, or failed: the worker hears why
+            log.warning("model host: a %s state could not be opened: %s", name, exc)
+            raise Refused(f"{name} could not open a state ({exc})", "engine_failed") from exc
         session = next(self._ids)
-        self.sessions[session] = HostedSession(engine, state, calls)
+        self.sessions[session] = HostedSession(engine, state, calls, dict(options))
         return session
 
     def _session(self, header: Header) -> HostedSession:
@@ -155,6 +179,19 @@ class WorkerConnection:
             raise Refused(f"no session state {header['state']} on this host", "unknown_state")
         return session
 
+    async def _reset(self, header: Header) -> None:
+        session = self._session(header)
+        engine = session.engine
+        if not isinstance(engine, TransformEngine):
+            raise Refused(f"state {header['state']} is not a transform's", "unknown_state")
+        call = session.calls.submit(engine.reset_state, session.state, session.options)
+        try:
+            session.state = await asyncio.wrap_future(call)
+        except Exception as exc:
+            raise Refused(
+                f"{engine.name} could not reset the state ({exc})", "engine_failed"
+            ) from exc
+
     async def _prompt(self, header: Header, payload: bytes) -> None:
         session = self._session(header)
         rate, transcript = int(header["rate"]), str(header["transcript"])
@@ -162,6 +199,8 @@ class WorkerConnection:
             raise Refused("the prompt's samples are not float32", "bad_prompt")
         audio = np.frombuffer(payload, np.float32).copy()
         engine = session.engine
+        if not isinstance(engine, SpeakEngine):
+            raise Refused(f"state {header['state']} is not a speak engine's", "bad_prompt")
         call = session.calls.submit(engine.set_prompt, session.state, audio, rate, transcript)
         try:
             await asyncio.wrap_future(call)
@@ -173,12 +212,63 @@ class WorkerConnection:
         if session is None or stream in self.utterances:
             self.send({"t": "end", "s": stream, "error": f"no session state {state} here"})
             return
+        if not isinstance(session.engine, SpeakEngine):
+            self.send({"t": "end", "s": stream, "error": f"state {state} does not speak"})
+            return
         utterance = HostedUtterance(
             session.engine, session.state, session.calls, text, self._send_audio_of(stream)
         )
         task = asyncio.create_task(self._run(stream, state, utterance))
         self.utterances[stream] = (utterance, task)
         session.utterances.add(stream)
+
+    def _hop(self, hop: int, state: int, payload: bytes) -> None:
+        """Hand a transform session's chunk to its engine; ``out`` goes back when it is done."""
+        session = self.sessions.get(state)
+        if session is None or not isinstance(session.engine, TransformEngine):
+            self._hop_refused(hop, f"no transform state {state} on this host", "unknown_state")
+        elif len(payload) % 4 or len(payload) > MAX_HOP_BYTES:
+            self._hop_refused(hop, f"a chunk of {len(payload)} bytes is not one", "bad_hop")
+        elif session.hops_in_flight >= MAX_HOPS_IN_FLIGHT:
+            self._hop_refused(hop, f"{MAX_HOPS_IN_FLIGHT} chunks of the state wait already", "busy")
+        else:
+            chunk = np.frombuffer(payload, np.float32)
+            try:
+                future = self._submit_hop(session, session.engine, chunk)
+            except Exception as exc:  # full, or closing: this chunk fails, the host goes on
+                self._hop_refused(hop, str(exc) or type(exc).__name__, "engine_failed")
+                return
+            session.hops_in_flight += 1
+            loop = asyncio.get_running_loop()
+            future.add_done_callback(
+                lambda done: loop.call_soon_threadsafe(self._hop_done, hop, session, done)
+            )
+
+    def _submit_hop(
+        self, session: HostedSession, engine: TransformEngine[Any], chunk: np.ndarray
+    ) -> Future[np.ndarray]:
+        if isinstance(engine, BatchedTransformEngine):
+            return engine.submit(session.state, chunk)  # its batch loop's thread runs it
+
+        def process() -> np.ndarray:
+            out, session.state = engine.process(session.state, chunk)
+            return out
+
+        return session.calls.submit(process)
+
+    def _hop_done(self, hop: int, session: HostedSession, done: Future[np.ndarray]) -> None:
+        session.hops_in_flight -= 1
+        if done.cancelled():
+            self._hop_refused(hop, "the state was closed", "closed")
+        elif (error := done.exception()) is not None:
+            log.warning("model host: a %s chunk failed: %s", session.engine.name, error)
+            self._hop_refused(hop, str(error) or type(error).__name__, "engine_failed")
+        elif not self._writer.is_closing():
+            out = np.ascontiguousarray(done.result(), np.float32)
+            self._writer.write(encode({"t": "out", "h": hop}, out.tobytes()))
+
+    def _hop_refused(self, hop: int, error: str, code: str) -> None:
+        self.send({"t": "out", "h": hop, "error": error, "code": code})
 
     def _send_audio_of(self, stream: int) -> Any:
         async def send(chunk: np.ndarray) -> None:

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from media.engines.base import SpeakEngine
-from media.engines.hosted.engine import describe_for_host
+from media.engines.base import Engine, SpeakEngine, TransformEngine
+from media.engines.hosted.description import describe_for_host
 from media.engines.registry import EngineRegistry
 from media.pipeline.executor import PriorityPool
 from server.host.connection import WorkerConnection
@@ -30,8 +30,10 @@ class ModelHost:
 
     def __init__(self, registry: EngineRegistry, loops: int) -> None:
         self.registry = registry
-        self.engines: dict[str, SpeakEngine[Any]] = {
-            engine.name: engine for engine in registry.engines if isinstance(engine, SpeakEngine)
+        self.engines: dict[str, Engine[Any]] = {
+            engine.name: engine
+            for engine in registry.engines
+            if isinstance(engine, (SpeakEngine, TransformEngine))
         }
         self.loops = loops or os.cpu_count() or 1
         self.pool = PriorityPool(self.loops, thread_name_prefix="host")

@@ -82,3 +82,63 @@ async def test_a_killed_host_gives_each_call_one_error_and_is_back_within_two_se
                 for call in calls:
                     await call.end()
                     await call.close()
+
+
+def level(samples: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(samples)))) if len(samples) else 0.0
+
+
+def loudest_frame(samples: np.ndarray) -> float:
+    frames = samples[: len(samples) // 960 * 960].reshape(-1, 960)
+    return max((level(frame) for frame in frames), default=0.0)
+
+
+async def test_denoise_runs_in_the_host_and_a_killed_host_leaves_the_calls_up_and_heard():
+    """Denoise is hosted: four calls' audio comes back denoised; with the host killed each
+    call gets one error, stays connected and hears its own voice passed through until the
+    host is back, then denoised again."""
+    restrict_host_addresses(["127.0.0.1"])
+    rng = np.random.default_rng(7)
+    noise = (0.05 * rng.standard_normal(48_000 * 40)).astype(np.float32)
+    with two_workers(8, "--engines", "echo", "denoise") as server:
+        url = server.url
+        calls = [PeerCall(url, noise, engine="denoise") for _ in range(4)]
+        async with aiohttp.ClientSession() as http:
+            ready = await readiness(http, url)
+            assert ready["ready"], ready
+            host = ready["model_host"]
+            async with http.get(url + "engines") as response:
+                engines = {e["name"]: e for e in (await response.json())["engines"]}
+            assert "denoise" in engines
+            try:
+                await asyncio.gather(*(call.connect() for call in calls))
+                await asyncio.sleep(3)
+                denoised = [level(call.received()[-48_000:]) for call in calls]
+                assert all(0 < heard < 0.3 * 0.05 for heard in denoised), denoised
+                marks = [len(call.events) for call in calls]
+                os.kill(host["pid"], signal.SIGKILL)
+                errors = await asyncio.gather(
+                    *(c.wait_for("error", 10, since=m) for c, m in zip(calls, marks, strict=True))
+                )
+                assert all(error["error"] == "engine_failed" for error in errors)
+                heard_at = [len(call.received()) for call in calls]
+                await asyncio.sleep(0.6)  # down, or just back: the noise passes through meanwhile
+                loudest = [
+                    loudest_frame(c.received()[n:]) for c, n in zip(calls, heard_at, strict=True)
+                ]
+                assert all(heard > 0.6 * 0.05 for heard in loudest), loudest  # raw noise
+                deadline = time.monotonic() + 10
+                while not (await readiness(http, url))["ready"]:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(2)  # the states are opened again on the new host
+                again = [level(call.received()[-48_000:]) for call in calls]
+                assert all(0 < heard < 0.3 * 0.05 for heard in again), again
+                for call, mark in zip(calls, marks, strict=True):
+                    one = [e for e in call.events[mark:] if e.get("type") == "error"]
+                    assert len(one) == 1, one
+                    assert call.pc.connectionState == "connected"
+            finally:
+                for call in calls:
+                    await call.end()
+                    await call.close()

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from media.engines.base import EngineUnavailable
-from media.engines.hosted.engine import HostedSpeakEngine, hosted_engines
+from media.engines.hosted.catalog import hosted_engines
+from media.engines.hosted.engine import HostedSpeakEngine
 from media.engines.hosted.link import HostLink, HostRefused
 from media.engines.hosted.wire import encode, read_message
 
@@ -26,13 +27,16 @@ SENTENCE = "The train to the city leaves at half past nine, from platform four."
 
 
 class HostProcess:
-    def __init__(self, socket: Path) -> None:
+    """``python -m server host`` on ``socket`` with ``engines`` (the default engine first)."""
+
+    def __init__(self, socket: Path, engines: tuple[str, ...] = ("piper", "echo")) -> None:
         self.socket = socket
+        self.engines = engines
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         command = [sys.executable, "-m", "server", "host", "--socket", str(self.socket)]
-        command += ["--engines", "piper", "echo", "--engine", "piper", "--host-loops", "2"]
+        command += ["--engines", *self.engines, "--engine", self.engines[0], "--host-loops", "2"]
         self.process = subprocess.Popen(command)
         deadline = time.monotonic() + 60
         while not self.socket.exists():

@@ -132,6 +132,7 @@ def _wait_ms(raw: str) -> float:
 PLUGIN = EnginePlugin(
     NAME,
     load,
+    hostable=True,
     settings=(
         EngineSetting(
             "max_wait_ms",

@@ -27,13 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from media.engines.base import (
-    Capabilities,
-    EngineKind,
-    EngineUnavailable,
-    OptionSpec,
-    SpeakEngine,
-)
+from media.engines.base import Capabilities, EngineKind, EngineUnavailable, SpeakEngine
+from media.engines.hosted.description import option_spec
 from media.engines.hosted.link import HostLink, HostRefused
 from media.engines.streamed_frames import FrameQueue
 
@@ -54,45 +49,6 @@ class HostedState:
     generation: int = 0  # the link generation ``host_state`` belongs to
     prompt: tuple[np.ndarray, int, str] | None = None
     first_frame_s: float | None = None  # the last utterance's (stats, tests)
-
-
-def option_spec(described: Mapping[str, Any]) -> OptionSpec:
-    """An option as the host describes it (the fields of :class:`OptionSpec`)."""
-    choices = described.get("choices")
-    return OptionSpec(
-        name=str(described["name"]),
-        type=str(described["type"]),
-        default=described["default"],
-        description=str(described["description"]),
-        minimum=described.get("minimum"),
-        maximum=described.get("maximum"),
-        choices=tuple(choices) if choices is not None else None,
-    )
-
-
-def describe_for_host(engine: SpeakEngine[Any]) -> dict[str, Any]:
-    """What a hosted engine needs of ``engine`` to serve as it does (the hello's entry)."""
-    return {
-        "name": engine.name,
-        "sample_rate": engine.sample_rate,
-        "hop_size": engine.hop_size,
-        "delay_ms": engine.delay_ms,
-        "description": engine.description,
-        "voice_prompt": engine.capabilities.voice_prompt,
-        "languages": list(engine.capabilities.languages),
-        "options": [
-            {
-                "name": spec.name,
-                "type": spec.type,
-                "default": spec.default,
-                "description": spec.description,
-                "minimum": spec.minimum,
-                "maximum": spec.maximum,
-                "choices": list(spec.choices) if spec.choices is not None else None,
-            }
-            for spec in engine.option_specs
-        ],
-    }
 
 
 class HostedSpeakEngine(SpeakEngine[HostedState]):
@@ -185,22 +141,3 @@ class HostedSpeakEngine(SpeakEngine[HostedState]):
 
     def close(self) -> None:
         self.link.close()
-
-
-def hosted_engines(
-    link: HostLink, names: list[str], wait: float, chunk_timeout: float = 15.0
-) -> tuple[list[HostedSpeakEngine], dict[str, str]]:
-    """The engines of ``names`` the host at the end of ``link`` serves, and why the others
-    are unavailable (the host's own reason, or that it did not answer within ``wait``)."""
-    if not link.wait_for_hello(wait):
-        reason = link.unavailable_reason or "the model host did not answer"
-        return [], {name: f"{reason} (waited {wait:g} s at start-up)" for name in names}
-    served = {str(entry["name"]): entry for entry in link.hello.get("engines", [])}
-    refused = dict(link.hello.get("unavailable", {}))
-    engines = [HostedSpeakEngine(link, served[n], chunk_timeout) for n in names if n in served]
-    unavailable = {
-        name: f"on the model host: {refused.get(name, 'not loaded there')}"
-        for name in names
-        if name not in served
-    }
-    return engines, unavailable

@@ -7,9 +7,15 @@ carries RTP. So one daemon thread reads the socket for every session of the work
 synthesis threads wait on their utterance's :class:`FrameQueue`, and hand the link what
 they send with ``call_soon``.
 
+A hosted transform engine's audio takes a shorter way: ``hop`` sends a chunk from the
+server's loop without waiting (``call_soon``) and returns a future that this thread
+resolves when the host's ``out`` comes, which the transform pipeline awaits on its own
+loop; no thread waits per session.
+
 The link connects at once and, while connected, takes requests; when the host goes away
 (it exited, was killed, or sent something that breaks the protocol) every request waiting
-fails and every utterance in progress ends with :class:`EngineUnavailable`, which the speak
+fails, every hop waiting fails and every utterance in progress ends with
+:class:`EngineUnavailable`, which the speak
 pipeline reports to its caller as an ``error`` event, and the link tries again every
 ``RETRY_S``. Each connection is a new *generation*: the host's session states belong to
 the host process that made them, so an engine re-opens its states after a reconnect.
@@ -22,6 +28,9 @@ import contextlib
 import itertools
 import logging
 import threading
+from concurrent.futures import Future
+
+import numpy as np
 
 from media.engines.base import EngineError, EngineUnavailable
 from media.engines.hosted.ring import AudioRing
@@ -34,6 +43,8 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.1  # a host restarted by the front is back within a second or two
 HELLO_TIMEOUT_S = 5.0
+# A hop the host has not answered in this long fails (a host that hangs, not one that went).
+HOP_TIMEOUT_S = 1.0
 
 
 class HostRefused(EngineError):
@@ -63,6 +74,9 @@ class HostLink:
         self._ring: AudioRing | None = None
         self._pending: dict[int, asyncio.Future[Header]] = {}
         self._streams: dict[int, FrameQueue] = {}
+        # Hops sent and not answered, oldest first: (future, when sent on this loop).
+        self._hops: dict[int, tuple[Future[np.ndarray], float]] = {}
+        self._hop_sweep: asyncio.TimerHandle | None = None
         self._ids = itertools.count(1)
         self._closing = False
         self._thread = LoopThread("host-link")
@@ -100,6 +114,24 @@ class HostLink:
             future.cancel()
             raise EngineUnavailable(f"the model host did not answer in {timeout:g} s") from exc
 
+    def request_soon(
+        self, header: Header, payload: bytes = b"", timeout: float = 30.0
+    ) -> Future[tuple[Header, int]]:
+        """:meth:`request` without waiting for it: the future gets its answer or error."""
+        return self._thread.submit(self._request(header, payload, timeout))
+
+    def hop(self, state: int, generation: int, chunk: np.ndarray) -> Future[np.ndarray]:
+        """Send one chunk of a transform session's audio (float32) to the host state
+        ``state``; the future gets the engine's output. Never blocks. A hop for a
+        generation that is over fails at once with ``EngineUnavailable``."""
+        future: Future[np.ndarray] = Future()
+        if self._closing:
+            future.set_exception(EngineUnavailable(self._reason))
+            return future
+        payload = np.ascontiguousarray(chunk, np.float32).tobytes()
+        self._thread.call_soon(self._send_hop, future, state, generation, payload)
+        return future
+
     def open_stream(self, header: Header, frames: FrameQueue, generation: int) -> int:
         """Start an utterance whose audio goes to ``frames``; its stream id. An utterance for
         a generation that is over ends at once with ``EngineUnavailable``."""
@@ -134,7 +166,9 @@ class HostLink:
 
     # --- the loop --------------------------------------------------------------------------
 
-    async def _request(self, header: Header, payload: bytes) -> tuple[Header, int]:
+    async def _request(
+        self, header: Header, payload: bytes, timeout: float | None = None
+    ) -> tuple[Header, int]:
         writer = self._writer
         if writer is None or not self._ready.is_set():
             raise EngineUnavailable(self._reason)
@@ -145,9 +179,11 @@ class HostLink:
         try:
             writer.write(encode({**header, "req": request}, payload))
             await writer.drain()
-            reply = await answer
+            reply = await asyncio.wait_for(answer, timeout)
         except ConnectionError as exc:
             raise EngineUnavailable(f"lost the model host at {self.path} ({exc})") from exc
+        except TimeoutError as exc:
+            raise EngineUnavailable(f"the model host did not answer in {timeout:g} s") from exc
         finally:
             self._pending.pop(request, None)
         if reply["t"] == "refused":
@@ -162,6 +198,52 @@ class HostLink:
             return
         self._streams[stream] = frames
         self._send(header)
+
+    def _send_hop(
+        self, future: Future[np.ndarray], state: int, generation: int, payload: bytes
+    ) -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # its session gave up on it
+        writer = self._writer
+        if writer is None or generation != self.generation or not self._ready.is_set():
+            future.set_exception(EngineUnavailable(self._reason or "the model host restarted"))
+            return
+        hop = next(self._ids)
+        self._hops[hop] = (future, self._loop.time())
+        writer.write(encode({"t": "hop", "h": hop, "state": state}, payload))
+        if self._hop_sweep is None:
+            self._hop_sweep = self._loop.call_later(HOP_TIMEOUT_S, self._sweep_hops)
+
+    def _sweep_hops(self) -> None:
+        """Fail the hops unanswered for ``HOP_TIMEOUT_S``; look again when the next is due."""
+        self._hop_sweep = None
+        now = self._loop.time()
+        while self._hops:
+            hop, (future, sent) = next(iter(self._hops.items()))
+            if now - sent < HOP_TIMEOUT_S:
+                self._hop_sweep = self._loop.call_later(
+                    sent + HOP_TIMEOUT_S - now, self._sweep_hops
+                )
+                return
+            del self._hops[hop]
+            future.set_exception(
+                EngineUnavailable(f"the model host did not answer a hop in {HOP_TIMEOUT_S:g} s")
+            )
+
+    def _out(self, hop: int, header: Header, payload: bytes) -> None:
+        entry = self._hops.pop(hop, None)
+        if entry is None:
+            return  # it timed out already
+        future = entry[0]
+        if "error" in header:
+            future.set_exception(
+                HostRefused(str(header["error"]), str(header.get("code", "refused")))
+            )
+        elif len(payload) % 4:
+            future.set_exception(HostFailed("the host sent a hop's output that is not float32"))
+            raise ProtocolError("a hop's output that is not float32")
+        else:
+            future.set_result(np.frombuffer(payload, np.float32).copy())
 
     def _end_stream(self, stream: int) -> None:
         frames = self._streams.pop(stream, None)
@@ -205,13 +287,15 @@ class HostLink:
             self._ready.set()
             log.info("connected to the model host at %s", self.path)
             while (message := await read_message(reader)) is not None:
-                self._dispatch(message[0])
+                self._dispatch(*message)
         finally:
             writer.close()
 
-    def _dispatch(self, header: Header) -> None:
+    def _dispatch(self, header: Header, payload: bytes) -> None:
         kind = header["t"]
-        if kind in ("opened", "done", "refused"):
+        if kind == "out":
+            self._out(int(header["h"]), header, payload)
+        elif kind in ("opened", "done", "refused"):
             answer = self._pending.get(int(header["req"]))
             if answer is not None and not answer.done():
                 answer.set_result(header)
@@ -249,6 +333,12 @@ class HostLink:
             if not answer.done():
                 answer.set_exception(EngineUnavailable(reason))
         self._pending.clear()
+        for future, _ in self._hops.values():
+            future.set_exception(EngineUnavailable(reason))
+        self._hops.clear()
+        if self._hop_sweep is not None:
+            self._hop_sweep.cancel()
+            self._hop_sweep = None
         for frames in self._streams.values():
             frames.end(EngineUnavailable(f"{reason}; the utterance was cut short"))
         self._streams.clear()
