@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.capacity [--levels 10 20 30 40 50 60 70 80]
                                        [--denoise-levels 2 4 6 8 10 12 16]
                                        [--engines echo denoise denoise-libdf]
-                                       [--servers ours stock]
+                                       [--servers ours stock ours-hosted]
                                        [--seconds 10] [--no-overload | --overload-at H]
 
 Each server runs pinned to core 0 and this client to core 1, so figures are per server
@@ -18,6 +18,10 @@ Echo and denoise have their own level lists: a denoise stream costs several echo
 ``denoise`` (every session in one model call per hop) and ``denoise-libdf`` (libDF's C
 runtime, one model copy per session) run the same model, in the same run.
 
+``ours-hosted`` is our server with its hostable engines (denoise) in a model host process
+(``python -m server host``), pinned to the same core: the server CPU and RSS of its rows
+are both processes' together, so a session's cost includes the trip to the host and back.
+
 Overload (our server only): once the sweep has found the highest level held H for an
 engine, a fresh server started with ``--max-sessions H`` holds H calls and is offered H
 more, spread over one measuring window. Each extra offer should be refused within 50 ms
@@ -30,12 +34,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -45,6 +53,7 @@ from bench.common import (
     ROOT,
     free_port,
     percentile,
+    pinned,
     print_table,
     process_cpu_seconds,
     process_rss_bytes,
@@ -67,20 +76,52 @@ OVERLOAD_RTT_P95_MS = 150.0
 UNCAPPED_SESSIONS = 1000  # the sweep's servers admit every level it tries
 
 
-def server_command(kind: str, port: int, engine: str, max_sessions: int) -> list[str]:
-    """The server under test; ours single-process (one core), without a per-address limit.
+def server_command(
+    kind: str, port: int, engine: str, max_sessions: int, host: Path | None = None
+) -> list[str]:
+    """The server under test; ours single-process (one core), without a per-address limit,
+    and with ``host``, its hostable engines served by the model host on that socket.
 
     Every caller comes from 127.0.0.1, so the per-address rate limit would refuse the
     sweep's own connections.
     """
     if kind == "stock":
         return [sys.executable, "-m", "bench.stock_server", "--port", str(port)]
+    hosted = ["--model-host", f"unix:{host}"] if host is not None else []
     return [
         sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--ice-host", "127.0.0.1", "--engine", engine, "--max-sessions", str(max_sessions),
         "--engine-threads", "1", "--workers", "1", "--rate-limit", "0",
-        "--max-client-sessions", "0",
+        "--max-client-sessions", "0", *hosted,
     ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def spawned_host(kind: str, engine: str) -> Iterator[tuple[Path | None, list[int]]]:
+    """For ``ours-hosted``, a model host serving ``engine``, pinned to the server's core: its
+    socket and process id (nothing for the other kinds)."""
+    if kind != "ours-hosted":
+        yield None, []
+        return
+    with tempfile.TemporaryDirectory(prefix="capacity-host-") as folder:
+        socket = Path(folder) / "host.sock"
+        command = [sys.executable, "-m", "server", "host", "--socket", str(socket)]
+        command += ["--engines", engine, "--engine", engine, "--host-loops", "1"]
+        process = subprocess.Popen(pinned(command, 0), cwd=ROOT, stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not socket.exists():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the model host did not start")
+                time.sleep(0.05)
+            yield socket, [process.pid]
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def probes_for(level: int) -> int:
@@ -128,20 +169,24 @@ async def open_callers(
 
 
 async def measure(
-    callers: list[LoadCaller], pid: int, seconds: float, during: Awaitable[Any] | None = None
+    callers: list[LoadCaller],
+    pids: Sequence[int],
+    seconds: float,
+    during: Awaitable[Any] | None = None,
 ) -> tuple[dict[str, Any], Any]:
-    """RTT, loss and CPU over one window of ``seconds``, with ``during`` running inside it.
+    """RTT, loss and CPU over one window of ``seconds``, with ``during`` running inside it;
+    the server's CPU and RSS are those of ``pids`` together (the server, and its host).
 
     Returns the row's measurements and what ``during`` returned.
     """
     probes = [c for c in callers if c.probe]
     packets_before = sum(c.packets_received for c in callers)
-    cpu_before, client_before, t0 = process_cpu_seconds(pid), time.process_time(), time.monotonic()
+    cpu_before, client_before, t0 = server_cpu_seconds(pids), time.process_time(), time.monotonic()
     side = asyncio.ensure_future(during) if during is not None else None
     await asyncio.sleep(seconds)
     side_result = await side if side is not None else None
     elapsed = time.monotonic() - t0
-    server_cpu = (process_cpu_seconds(pid) - cpu_before) / elapsed
+    server_cpu = (server_cpu_seconds(pids) - cpu_before) / elapsed
     client_cpu = (time.process_time() - client_before) / elapsed
     packets = sum(c.packets_received for c in callers) - packets_before
     expected = len(callers) * elapsed * 50
@@ -165,10 +210,14 @@ async def measure(
         ),
         "loss": round(max(0.0, 1 - packets / expected), 4) if expected else None,
         "server_cpu": round(server_cpu, 3),
-        "server_rss_mb": round(process_rss_bytes(pid) / 2**20, 1),
+        "server_rss_mb": round(sum(process_rss_bytes(pid) for pid in pids) / 2**20, 1),
         "client_cpu": round(client_cpu, 3),
     }
     return row, side_result
+
+
+def server_cpu_seconds(pids: Sequence[int]) -> float:
+    return sum(process_cpu_seconds(pid) for pid in pids)
 
 
 async def run_level(
@@ -178,7 +227,7 @@ async def run_level(
     level: int,
     clips: Clips,
     http: aiohttp.ClientSession,
-    pid: int,
+    pids: Sequence[int],
     seconds: float,
 ) -> dict[str, Any]:
     """Top the held load callers up to ``level`` with fresh probes; measure one window."""
@@ -187,7 +236,7 @@ async def run_level(
     opened, failed = await open_callers(url, engine, max(0, loads), probes, clips, http)
     callers += opened
     await asyncio.sleep(SETTLE_S)
-    row, _ = await measure(callers, pid, seconds)
+    row, _ = await measure(callers, pids, seconds)
     for probe in [c for c in callers if c.probe]:  # replaced each level: recordings grow
         callers.remove(probe)
         await probe.close(http)
@@ -234,15 +283,20 @@ async def run_sweep(
     kind: str, engine: str, levels: list[int], seconds: float, clips: Clips
 ) -> list[dict]:
     port = free_port()
-    command = server_command(kind, port, engine, UNCAPPED_SESSIONS)
     rows: list[dict] = []
-    with spawned_server(command, port, core=0) as handle:
+    with (
+        spawned_host(kind, engine) as (host, host_pids),
+        spawned_server(
+            server_command(kind, port, engine, UNCAPPED_SESSIONS, host), port, core=0
+        ) as handle,
+    ):
+        pids = [handle.pid, *host_pids]
         callers: list[LoadCaller] = []
         async with aiohttp.ClientSession() as http:
             try:
                 for level in levels:
                     row = await run_level(
-                        handle.url, engine, callers, level, clips, http, handle.pid, seconds
+                        handle.url, engine, callers, level, clips, http, pids, seconds
                     )
                     row.update(server=kind, engine=engine, held=held(row))
                     rows.append(row)
@@ -268,7 +322,7 @@ async def run_overload(engine: str, limit: int, seconds: float, clips: Clips) ->
             try:
                 await asyncio.sleep(SETTLE_S)
                 spread = offer_spread(http, handle.url, offers, engine, seconds * 0.8)
-                row, outcomes = await measure(callers, handle.pid, seconds, during=spread)
+                row, outcomes = await measure(callers, [handle.pid], seconds, during=spread)
             finally:
                 await asyncio.gather(*(c.close(http) for c in callers), return_exceptions=True)
     row = {"engine": engine, "max_sessions": limit, **row, **summarise(outcomes)}

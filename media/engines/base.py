@@ -11,6 +11,7 @@ the remainder in its state and returns as many samples as it could produce.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import math
 import threading
@@ -23,6 +24,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 StateT = TypeVar("StateT")
+# What a batched transform's ``submit`` returns: see BatchedTransformEngine.submit.
+ChunkFuture = Future[np.ndarray] | asyncio.Future[np.ndarray]
 
 
 class EngineKind(enum.StrEnum):
@@ -225,11 +228,17 @@ class BatchedTransformEngine(TransformEngine[StateT]):
     """
 
     @abstractmethod
-    def submit(self, state: StateT, chunk: np.ndarray) -> Future[np.ndarray]:
-        """Queue ``chunk`` (float32 mono); the future gets the audio ready so far."""
+    def submit(self, state: StateT, chunk: np.ndarray) -> ChunkFuture:
+        """Queue ``chunk`` (float32 mono); the future gets the audio ready so far.
+
+        Called on an event loop, it may return an ``asyncio`` future of that loop (an
+        engine whose answers that loop reads); called elsewhere, a thread-safe one.
+        """
 
     def process(self, state: StateT, chunk: np.ndarray) -> tuple[np.ndarray, StateT]:
-        return self.submit(state, chunk).result(), state
+        future = self.submit(state, chunk)
+        assert isinstance(future, Future), "process() waits: it is not called on a loop"
+        return future.result(), state
 
 
 class SpeakEngine(Engine[StateT]):

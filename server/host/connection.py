@@ -12,7 +12,11 @@ Messages (``media.engines.hosted.wire``), worker to host:
   ``out {h}`` + the engine's float32 output, or ``out {h, error, code}``: a batched engine
   takes it on this loop into its batch loop, which every worker's sessions share; another
   engine runs it on the session's serial queue of the compute threads;
-- ``reset {req, state}`` -> ``done {req}``: a transform state after a failed chunk.
+- ``reset {req, state}`` -> ``done {req}``: a transform state after a failed chunk;
+- ``join {connection}``: this connection carries chunks (``hop``) for the states of the
+  worker's connection of that number (the hello's ``connection``); a worker sends its
+  transform chunks from its server loop on such a connection of their own, so they are
+  not handed to and from the thread that reads its main connection.
 
 A request that cannot be served is answered ``refused {req, error, code}``; a message
 that is not one of these is logged and dropped; one that breaks the wire format ends this
@@ -27,7 +31,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from concurrent.futures import Executor, Future
+import threading
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +42,7 @@ import numpy as np
 
 from media.engines.base import (
     BatchedTransformEngine,
+    ChunkFuture,
     Engine,
     EngineError,
     SpeakEngine,
@@ -79,7 +87,12 @@ class WorkerConnection:
         pool: Executor,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        number: int = 0,
+        peers: Mapping[int, WorkerConnection] | None = None,
     ) -> None:
+        self.number = number  # the hello's ``connection``: what a ``join`` names
+        self._peers = peers if peers is not None else {}
+        self._joined: WorkerConnection | None = None  # the connection whose states these are
         self._engines = engines
         self._pool = pool
         self._reader = reader
@@ -92,6 +105,11 @@ class WorkerConnection:
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ended = False
+        # Chunks an engine's thread finished, for this loop to answer: one wake-up of the
+        # loop for all the chunks of a batch step, not one each.
+        self._finished: deque[tuple[int, HostedSession, ChunkFuture]] = deque()
+        self._finished_lock = threading.Lock()
+        self._answering = False
 
     def send(self, header: Header) -> None:
         if not self._writer.is_closing():
@@ -100,7 +118,7 @@ class WorkerConnection:
     async def serve(self, hello: Header) -> None:
         """Greet, then serve messages until the worker goes; then free everything."""
         try:
-            self.send({**hello, "ring": self.ring.name})
+            self.send({**hello, "ring": self.ring.name, "connection": self.number})
             while (message := await read_message(self._reader)) is not None:
                 self._dispatch(*message)
         except (ProtocolError, ConnectionError) as exc:
@@ -129,6 +147,8 @@ class WorkerConnection:
                 self._ring_room.set()
             elif kind == "close":
                 self._start(self._close_session(int(header["state"])))
+            elif kind == "join":
+                self._join(int(header["connection"]))
             else:
                 raise ValueError(f"unknown message type {kind!r}")
         except (KeyError, TypeError, ValueError) as exc:
@@ -239,14 +259,43 @@ class WorkerConnection:
                 self._hop_refused(hop, str(exc) or type(exc).__name__, "engine_failed")
                 return
             session.hops_in_flight += 1
-            loop = asyncio.get_running_loop()
-            future.add_done_callback(
-                lambda done: loop.call_soon_threadsafe(self._hop_done, hop, session, done)
-            )
+            if isinstance(future, asyncio.Future):  # answered on this loop
+                future.add_done_callback(lambda done: self._hop_done(hop, session, done))
+            else:
+                loop = asyncio.get_running_loop()
+                future.add_done_callback(lambda done: self._hop_finished(loop, hop, session, done))
+
+    def _hop_finished(
+        self, loop: asyncio.AbstractEventLoop, hop: int, session: HostedSession, done: ChunkFuture
+    ) -> None:
+        """On the engine's thread: queue the answer; wake the loop if it is not already."""
+        with self._finished_lock:
+            self._finished.append((hop, session, done))
+            if self._answering:
+                return
+            self._answering = True
+        with contextlib.suppress(RuntimeError):  # the host is stopping
+            loop.call_soon_threadsafe(self._answer_finished)
+
+    def _answer_finished(self) -> None:
+        with self._finished_lock:
+            finished, self._finished = self._finished, deque()
+            self._answering = False
+        for hop, session, done in finished:
+            self._hop_done(hop, session, done)
+
+    def _join(self, number: int) -> None:
+        target = self._peers.get(number)
+        if target is None or target is self or target._joined is not None or self.sessions:
+            log.warning("model host: a worker joined connection %d, which it cannot", number)
+            self._writer.close()
+            return
+        self._joined = target
+        self.sessions = target.sessions  # the chunks name the states opened there
 
     def _submit_hop(
         self, session: HostedSession, engine: TransformEngine[Any], chunk: np.ndarray
-    ) -> Future[np.ndarray]:
+    ) -> ChunkFuture:
         if isinstance(engine, BatchedTransformEngine):
             return engine.submit(session.state, chunk)  # its batch loop's thread runs it
 
@@ -256,7 +305,7 @@ class WorkerConnection:
 
         return session.calls.submit(process)
 
-    def _hop_done(self, hop: int, session: HostedSession, done: Future[np.ndarray]) -> None:
+    def _hop_done(self, hop: int, session: HostedSession, done: ChunkFuture) -> None:
         session.hops_in_flight -= 1
         if done.cancelled():
             self._hop_refused(hop, "the state was closed", "closed")
@@ -334,8 +383,11 @@ class WorkerConnection:
         task.add_done_callback(self._tasks.discard)
 
     async def _free(self) -> None:
-        """Cancel every utterance, close every state, remove the ring."""
+        """Cancel every utterance, close every state (those of the connection it joined
+        stay: they are that one's to close), remove the ring."""
         self._ended = True
+        if self._joined is not None:
+            self.sessions = {}
         for utterance, _ in self.utterances.values():
             utterance.stop()
         self._ring_room.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -37,7 +38,8 @@ class ModelHost:
         }
         self.loops = loops or os.cpu_count() or 1
         self.pool = PriorityPool(self.loops, thread_name_prefix="host")
-        self.connections: set[WorkerConnection] = set()
+        self.connections: dict[int, WorkerConnection] = {}  # by number
+        self._numbers = itertools.count(1)
         self._server: asyncio.AbstractServer | None = None
 
     @property
@@ -62,21 +64,24 @@ class ModelHost:
         )
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = WorkerConnection(self.engines, self.pool, reader, writer)
-        self.connections.add(connection)
+        number = next(self._numbers)
+        connection = WorkerConnection(
+            self.engines, self.pool, reader, writer, number, self.connections
+        )
+        self.connections[number] = connection
         try:
             await connection.serve(self.hello)
         finally:
-            self.connections.discard(connection)
+            del self.connections[number]
 
     @property
     def live_utterances(self) -> int:
-        return sum(len(connection.utterances) for connection in self.connections)
+        return sum(len(connection.utterances) for connection in self.connections.values())
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for connection in list(self.connections):
+        for connection in list(self.connections.values()):
             connection.close()
         while self.connections:
             await asyncio.sleep(0.01)

@@ -69,6 +69,7 @@ class HostLink:
         self.hello: Header = {}  # the first connection's hello: the engines the host serves
         self._reason = f"not connected to the model host at {path} yet"
         self.generation = 0  # connections made; a host state belongs to one of them
+        self.connection = 0  # the host's number for the current one (what a hop channel joins)
         self.losses = 0  # connections lost (stats, tests)
         self._writer: asyncio.StreamWriter | None = None
         self._ring: AudioRing | None = None
@@ -279,6 +280,7 @@ class HostLink:
             hello = first[0]
             self._ring = AudioRing.attach(str(hello["ring"]))
             self._writer = writer
+            self.connection = int(hello.get("connection", 0))
             self.generation += 1
             if not self._greeted.is_set():
                 self.hello = hello

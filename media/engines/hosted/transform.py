@@ -1,10 +1,12 @@
 """A transform engine whose model runs in the model host: the worker keeps no weights.
 
 Each chunk of a session's audio (one 20 ms frame) goes to the host in a ``hop`` message
-and the engine's output comes back in ``out`` (:meth:`HostLink.hop`). The host hands the
-chunk to its engine's own batch loop, so the sessions of every worker share its steps.
-``submit`` never blocks: the transform pipeline awaits the future on its loop, as it does
-for a batched engine in the worker, and no thread waits per session.
+and the engine's output comes back in ``out``: on the server loop's own channel to the host
+(``hop_channel``), or through the link's thread until that channel is up (and for callers
+off a loop). The host hands the chunk to its engine's own batch loop, so the sessions of
+every worker share its steps. ``submit`` never blocks: the transform pipeline awaits the
+future on its loop, as it does for a batched engine in the worker, and no thread waits per
+session.
 
 When the host goes away, the chunk in flight (or, with none, the next one) fails once: the
 pipeline plays silence for it, reports one ``error`` event and resets the state. Until a
@@ -15,8 +17,11 @@ state is opened again on the new host in the background, without blocking the ca
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -27,11 +32,13 @@ import numpy as np
 from media.engines.base import (
     BatchedTransformEngine,
     Capabilities,
+    ChunkFuture,
     EngineError,
     EngineKind,
     EngineUnavailable,
 )
 from media.engines.hosted.description import option_spec
+from media.engines.hosted.hop_channel import HopChannel
 from media.engines.hosted.link import HostLink, HostRefused
 
 log = logging.getLogger(__name__)
@@ -72,6 +79,9 @@ class HostedTransformEngine(BatchedTransformEngine[HostedTransformState]):
             capabilities=Capabilities(batched=True, own_compute=True),
         )
         self._delay_samples = round(self.delay_ms * self.sample_rate / 1000)
+        self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HopChannel] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -90,9 +100,12 @@ class HostedTransformEngine(BatchedTransformEngine[HostedTransformState]):
             raise EngineUnavailable(f"on the model host: {exc}") from exc
         return state
 
-    def submit(self, state: HostedTransformState, chunk: np.ndarray) -> Future[np.ndarray]:
+    def submit(self, state: HostedTransformState, chunk: np.ndarray) -> ChunkFuture:
         if self._current(state):
             assert state.host_state is not None
+            channel = self._channel()
+            if channel is not None and channel.ready(state.generation):
+                return channel.hop(state.host_state, chunk)
             return self.link.hop(state.host_state, state.generation, chunk)
         if not state.reported:  # the first chunk after the loss fails: one error event
             state.reported = True
@@ -132,9 +145,23 @@ class HostedTransformEngine(BatchedTransformEngine[HostedTransformState]):
             self.link.send({"t": "close", "state": state.host_state})
 
     def close(self) -> None:
+        for loop, channel in list(self._channels.items()):
+            with contextlib.suppress(RuntimeError):  # that loop is closed: so is its channel
+                loop.call_soon_threadsafe(channel.close)
         self.link.close()
 
     # --- the host state ----------------------------------------------------------------
+
+    def _channel(self) -> HopChannel | None:
+        """The running loop's channel to the host (None off a loop: the link's way)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        channel = self._channels.get(loop)
+        if channel is None:
+            channel = self._channels[loop] = HopChannel(self.link, loop)
+        return channel
 
     def _current(self, state: HostedTransformState) -> bool:
         return (
