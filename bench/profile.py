@@ -207,7 +207,7 @@ async def profile(args: argparse.Namespace, py_spy: str) -> dict[str, Any]:
                         *record, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
                     )
                     row, (_, errors) = await measure(
-                        callers, handle.pid, args.seconds + 1, during=spy.communicate()
+                        callers, [handle.pid], args.seconds + 1, during=spy.communicate()
                     )
                 finally:
                     await asyncio.gather(*(c.close(http) for c in callers), return_exceptions=True)
