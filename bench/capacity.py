@@ -26,7 +26,8 @@ Overload (our server only): once the sweep has found the highest level held H fo
 engine, a fresh server started with ``--max-sessions H`` holds H calls and is offered H
 more, spread over one measuring window. Each extra offer should be refused within 50 ms
 (503 with Retry-After) while the admitted calls keep RTT p95 <= 150 ms.
-Writes bench/results/capacity.json and bench/results/capacity.png (``--overload-at H``:
+Writes bench/results/capacity.json and bench/results/capacity.png (``--name N``: N.json and
+N.png instead; ``--overload-at H``:
 only the overload phase, at H, written to bench/results/overload.json).
 """
 
@@ -87,7 +88,7 @@ def server_command(
     """
     if kind == "stock":
         return [sys.executable, "-m", "bench.stock_server", "--port", str(port)]
-    hosted = ["--model-host", f"unix:{host}"] if host is not None else []
+    hosted = ["--model-host", f"unix:{host}", "--host-engines", engine] if host is not None else []
     return [
         sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--ice-host", "127.0.0.1", "--engine", engine, "--max-sessions", str(max_sessions),
@@ -106,7 +107,8 @@ def spawned_host(kind: str, engine: str) -> Iterator[tuple[Path | None, list[int
     with tempfile.TemporaryDirectory(prefix="capacity-host-") as folder:
         socket = Path(folder) / "host.sock"
         command = [sys.executable, "-m", "server", "host", "--socket", str(socket)]
-        command += ["--engines", engine, "--engine", engine, "--host-loops", "1"]
+        command += ["--engines", engine, "--engine", engine, "--host-engines", engine]
+        command += ["--host-loops", "1"]
         process = subprocess.Popen(pinned(command, 0), cwd=ROOT, stdout=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 60
@@ -427,6 +429,7 @@ def main() -> int:
     parser.add_argument("--engines", nargs="+", default=["echo", "denoise", "denoise-libdf"])
     parser.add_argument("--servers", nargs="+", default=["ours", "stock"])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--name", default="capacity", help="the results' file name")
     parser.add_argument("--no-overload", action="store_true", help="skip the overload phase")
     parser.add_argument(
         "--overload-at", type=int, metavar="H", help="no sweep: only the overload phase at H"
@@ -446,7 +449,7 @@ def main() -> int:
         print_table(overload, OVERLOAD_COLUMNS)
     # An overload-only run keeps the sweep's results: it writes a file of its own.
     results = write_results(
-        "overload" if args.overload_at else "capacity",
+        "overload" if args.overload_at else args.name,
         {
             "benchmark": "capacity",
             "command": " ".join(["python -m bench.capacity", *sys.argv[1:]]),
@@ -461,7 +464,7 @@ def main() -> int:
     )
     print(f"wrote {results.relative_to(ROOT)}")
     if rows:
-        png = ROOT / "bench" / "results" / "capacity.png"
+        png = ROOT / "bench" / "results" / f"{args.name}.png"
         plot(rows, str(png))
         print(f"wrote {png.relative_to(ROOT)}")
     return 0

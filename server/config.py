@@ -45,6 +45,9 @@ class Settings:
     # "none" (each process loads its own) or "unix:PATH" (a host already running there).
     model_host: str = "auto"
     host_loops: int = 0  # the host's compute threads for engines without a batch loop; 0: cores
+    # Which hostable engines the model host runs; empty: those hosted by default (the speak
+    # engines; EnginePlugin.hosted_by_default).
+    host_engines: tuple[str, ...] = ()
     cosyvoice_model: str | None = None  # the same as engine setting cosyvoice.model
     cosyvoice_src: str | None = None  # cosyvoice.src
     engines: tuple[str, ...] = ()  # which installed engines to load; empty: all of them
@@ -128,6 +131,12 @@ SERVE_FLAGS = (
         "none (in every worker) or unix:PATH (a running host; default auto)",
     ),
     _Flag("host-loops", "the model host's compute threads (default 0: one per core)", int),
+    _Flag(
+        "host-engines",
+        "engines the model host runs (default: piper, cosyvoice; denoise can be added)",
+        repeat=True,
+        many=True,
+    ),
     _Flag("cosyvoice-model", "CosyVoice2 model directory (enables cosyvoice, cosyvoice-vc)"),
     _Flag("cosyvoice-src", "upstream CosyVoice checkout to import instead of the package"),
     _Flag("engines", "installed engines to load (default: all of them)", repeat=True, many=True),

@@ -61,6 +61,8 @@ class EnginePlugin:
     # process, served to the media workers through ``media.engines.hosted``; the others
     # load in every worker.
     hostable: bool = False
+    # A hostable engine the host runs unless ``--host-engines`` says otherwise.
+    hosted_by_default: bool = True
 
     @property
     def settings_namespace(self) -> str:

@@ -31,12 +31,25 @@ def model_host_path(settings: Settings) -> str | None:
 
 
 def hostable_names(settings: Settings) -> list[str]:
-    """The chosen engines a model host would load (``EnginePlugin.hostable``)."""
+    """The chosen engines a model host would load: those ``--host-engines`` names, or the
+    hostable ones hosted by default (``EnginePlugin.hostable``, ``hosted_by_default``).
+
+    Raises :class:`SettingsError` for a ``--host-engines`` name that cannot be hosted.
+    """
     try:
         chosen = plan(settings.engines or None, engine_settings(settings))
     except (UnknownEngine, EngineSettingsError) as exc:
         raise _settings_error(exc) from exc
-    return [plugin.name for plugin, _ in chosen if plugin.hostable]
+    if not settings.host_engines:
+        return [plugin.name for plugin, _ in chosen if plugin.hostable and plugin.hosted_by_default]
+    hostable = [plugin.name for plugin, _ in chosen if plugin.hostable]
+    refused = [name for name in settings.host_engines if name not in hostable]
+    if refused:
+        raise SettingsError(
+            f"--host-engines: {', '.join(refused)} cannot run in the model host "
+            f"(of the engines loaded, these can: {', '.join(hostable) or 'none'})"
+        )
+    return [name for name in hostable if name in settings.host_engines]
 
 
 def load_engines(settings: Settings, names: list[str] | None = None) -> EngineRegistry:
@@ -89,10 +102,7 @@ def check_engines(settings: Settings) -> None:
         raise SettingsError(
             f"--engine {settings.engine!r} is not among --engines ({', '.join(settings.engines)})"
         )
-    try:
-        plan(settings.engines or None, engine_settings(settings))
-    except (UnknownEngine, EngineSettingsError) as exc:
-        raise _settings_error(exc) from exc
+    hostable_names(settings)
 
 
 def _settings_error(exc: Exception) -> SettingsError:

@@ -100,7 +100,7 @@ async def test_denoise_runs_in_the_host_and_a_killed_host_leaves_the_calls_up_an
     restrict_host_addresses(["127.0.0.1"])
     rng = np.random.default_rng(7)
     noise = (0.05 * rng.standard_normal(48_000 * 40)).astype(np.float32)
-    with two_workers(8, "--engines", "echo", "denoise") as server:
+    with two_workers(8, "--engines", "echo", "denoise", "--host-engines", "denoise") as server:
         url = server.url
         calls = [PeerCall(url, noise, engine="denoise") for _ in range(4)]
         async with aiohttp.ClientSession() as http:

@@ -38,7 +38,7 @@ def noisy(speech: SpeechFixture) -> np.ndarray:
 
 @pytest.fixture
 def host(tmp_path: Path) -> Iterator[HostProcess]:
-    process = HostProcess(tmp_path / "host.sock", engines=("denoise", "echo"))
+    process = HostProcess(tmp_path / "host.sock", ("denoise", "echo"), host_engines=("denoise",))
     process.start()
     yield process
     process.stop()

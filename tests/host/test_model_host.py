@@ -27,16 +27,25 @@ SENTENCE = "The train to the city leaves at half past nine, from platform four."
 
 
 class HostProcess:
-    """``python -m server host`` on ``socket`` with ``engines`` (the default engine first)."""
+    """``python -m server host`` on ``socket`` with ``engines`` (the default engine first),
+    running ``host_engines`` (none: the hostable ones hosted by default)."""
 
-    def __init__(self, socket: Path, engines: tuple[str, ...] = ("piper", "echo")) -> None:
+    def __init__(
+        self,
+        socket: Path,
+        engines: tuple[str, ...] = ("piper", "echo"),
+        host_engines: tuple[str, ...] = (),
+    ) -> None:
         self.socket = socket
         self.engines = engines
+        self.host_engines = host_engines
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         command = [sys.executable, "-m", "server", "host", "--socket", str(self.socket)]
         command += ["--engines", *self.engines, "--engine", self.engines[0], "--host-loops", "2"]
+        if self.host_engines:
+            command += ["--host-engines", *self.host_engines]
         self.process = subprocess.Popen(command)
         deadline = time.monotonic() + 60
         while not self.socket.exists():

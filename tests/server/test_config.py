@@ -66,6 +66,7 @@ ENV_VALUES = {
     "COSYRTC_SPARE_WORKERS": "2",
     "COSYRTC_MODEL_HOST": "unix:/run/cosyrtc/host.sock",
     "COSYRTC_HOST_LOOPS": "3",
+    "COSYRTC_HOST_ENGINES": "piper denoise",
     "COSYRTC_MAX_CLIENT_SESSIONS": "4",
     "COSYRTC_CLIENT_ADDRESS_HEADER": "X-Real-IP",
     "COSYRTC_ENGINES": "echo, piper",
@@ -114,6 +115,7 @@ EXPECTED = Settings(
     spare_workers=2,
     model_host="unix:/run/cosyrtc/host.sock",
     host_loops=3,
+    host_engines=("piper", "denoise"),
     max_client_sessions=4,
     client_address_header="X-Real-IP",
     engines=("echo", "piper"),
@@ -160,6 +162,9 @@ def test_every_flag_sets_its_setting():
         "--workers=3",
         "--model-host=unix:/run/cosyrtc/host.sock",
         "--host-loops=3",
+        "--host-engines",
+        "piper",
+        "denoise",
         "--cosyvoice-model=/models/CosyVoice2-0.5B",
         "--cosyvoice-src=/src/CosyVoice",
         "--auth-token=user-secret",
@@ -335,3 +340,14 @@ def test_readme_lists_every_flag_in_the_usage_and_in_operating():
         assert f"--{flag.name}" in operating, f"--{flag.name} missing from README Operating"
     named = set(re.findall(r"--([a-z][a-z0-9-]+)", usage))
     assert named <= {flag.name for flag in SERVE_FLAGS}, "the usage names a flag serve lacks"
+
+
+def test_the_host_runs_the_speak_engines_unless_told_which():
+    from server.deploy.engines import check_engines, hostable_names
+
+    chosen = ("echo", "piper", "denoise")
+    assert hostable_names(Settings(engines=chosen)) == ["piper"]
+    told = Settings(engines=chosen, host_engines=("denoise", "piper"))
+    assert sorted(hostable_names(told)) == ["denoise", "piper"]
+    with pytest.raises(SettingsError, match="--host-engines: echo cannot run in the model host"):
+        check_engines(Settings(engines=chosen, engine="echo", host_engines=("echo",)))
