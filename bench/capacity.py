@@ -21,6 +21,10 @@ runtime, one model copy per session) run the same model, in the same run.
 ``ours-hosted`` is our server with its hostable engines (denoise) in a model host process
 (``python -m server host``), pinned to the same core: the server CPU and RSS of its rows
 are both processes' together, so a session's cost includes the trip to the host and back.
+``workers`` and ``workers-hosted`` are the default deployment's shape on both cores:
+``serve --workers 2`` (no spare), its engines in each worker or (``-hosted``) the engine in
+the front's model host; the figures are the front's and all its children's. The callers
+share core 1 with it, so these rows compare the two with each other, not per core.
 
 Overload (our server only): once the sweep has found the highest level held H for an
 engine, a fresh server started with ``--max-sessions H`` holds H calls and is offered H
@@ -52,6 +56,7 @@ import numpy as np
 
 from bench.common import (
     ROOT,
+    child_pids,
     free_port,
     percentile,
     pinned,
@@ -75,6 +80,7 @@ GROWTH_MS = 20.0  # second-half p95 above first-half p95 by more than this: late
 OVERLOAD_REFUSAL_MS = 50.0
 OVERLOAD_RTT_P95_MS = 150.0
 UNCAPPED_SESSIONS = 1000  # the sweep's servers admit every level it tries
+WORKER_KINDS = ("workers", "workers-hosted")  # serve --workers 2, on both cores
 
 
 def server_command(
@@ -89,10 +95,20 @@ def server_command(
     if kind == "stock":
         return [sys.executable, "-m", "bench.stock_server", "--port", str(port)]
     hosted = ["--model-host", f"unix:{host}", "--host-engines", engine] if host is not None else []
-    return [
+    if kind in WORKER_KINDS:
+        hosted = ["--workers", "2", "--spare-workers", "0"]
+        hosted += (
+            ["--model-host", "auto", "--host-engines", engine]
+            if kind == "workers-hosted"
+            else ["--model-host", "none"]
+        )
+    # Children inherit this process's affinity (core 1): a server on both cores says so.
+    both_cores = ["taskset", "-c", "0,1"] if kind in WORKER_KINDS else []
+    return [*both_cores,
         sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--ice-host", "127.0.0.1", "--engine", engine, "--max-sessions", str(max_sessions),
-        "--engine-threads", "1", "--workers", "1", "--rate-limit", "0",
+        "--engine-threads", "1", *([] if kind in WORKER_KINDS else ["--workers", "1"]),
+        "--rate-limit", "0",
         "--max-client-sessions", "0", *hosted,
     ]  # fmt: skip
 
@@ -289,10 +305,14 @@ async def run_sweep(
     with (
         spawned_host(kind, engine) as (host, host_pids),
         spawned_server(
-            server_command(kind, port, engine, UNCAPPED_SESSIONS, host), port, core=0
+            server_command(kind, port, engine, UNCAPPED_SESSIONS, host),
+            port,
+            core=None if kind in WORKER_KINDS else 0,
+            ready_path="engines",
+            ready_timeout=120,
         ) as handle,
     ):
-        pids = [handle.pid, *host_pids]
+        pids = [handle.pid, *host_pids, *child_pids(handle.pid)]
         callers: list[LoadCaller] = []
         async with aiohttp.ClientSession() as http:
             try:
