@@ -133,10 +133,11 @@ PLUGIN = EnginePlugin(
     NAME,
     load,
     hostable=True,
-    # On CPU one host's batch loop (one thread, one interpreter lock for every worker's
-    # sessions) held fewer calls than a loop per worker: two workers on two cores held 20
-    # calls at RTT p50 66 ms in-worker, 12 hosted (20: p95 125 ms); so it is hosted when
-    # asked (--host-engines denoise), where one copy of the model for all workers pays.
+    # On a CPU one host's batch loop (one thread, one interpreter lock for every worker's
+    # sessions) held no more calls than a loop per worker, at more CPU per call (the frame
+    # to another process and back): bench.capacity --servers workers workers-hosted, two
+    # workers on two cores, held 20 / 12 in one run and 12 / 12 in a slower one; so it is
+    # hosted when asked (--host-engines denoise), where one copy for all workers pays.
     hosted_by_default=False,
     settings=(
         EngineSetting(
