@@ -14,14 +14,13 @@ the link until a new channel has joined the next generation.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-from typing import Any
 
 import numpy as np
 
 from media.engines.base import EngineUnavailable
-from media.engines.hosted.link import HOP_TIMEOUT_S, HostFailed, HostLink, HostRefused
+from media.engines.hosted.hops import HopsInFlight
+from media.engines.hosted.link import HostLink
 from media.engines.hosted.wire import MessageReader, ProtocolError, encode
 
 log = logging.getLogger(__name__)
@@ -41,10 +40,7 @@ class HopChannel(asyncio.Protocol):
         self._tried_at = -RETRY_S
         self._reader = MessageReader()
         self._greeted = False
-        # Chunks sent and not answered, oldest first: (future, when sent).
-        self._hops: dict[int, tuple[asyncio.Future[np.ndarray], float]] = {}
-        self._sweep: asyncio.TimerHandle | None = None
-        self._ids = itertools.count(1)
+        self._hops = HopsInFlight(loop)
         self.sent = 0  # chunks sent this way (stats, tests)
 
     def ready(self, generation: int) -> bool:
@@ -69,13 +65,10 @@ class HopChannel(asyncio.Protocol):
         if transport is None:
             future.set_exception(EngineUnavailable("the model host's channel closed"))
             return future
-        hop = next(self._ids)
-        self._hops[hop] = (future, self._loop.time())
+        hop = self._hops.add(future)
         self.sent += 1
         payload = np.ascontiguousarray(chunk, np.float32).tobytes()
         transport.write(encode({"t": "hop", "h": hop, "state": state}, payload))
-        if self._sweep is None:
-            self._sweep = self._loop.call_later(HOP_TIMEOUT_S, self._sweep_hops)
         return future
 
     def close(self) -> None:
@@ -115,7 +108,7 @@ class HopChannel(asyncio.Protocol):
                     continue
                 if header["t"] != "out":
                     raise ProtocolError(f"unexpected {header['t']!r} on a hop channel")
-                self._out(int(header["h"]), header, payload)
+                self._hops.answer(int(header["h"]), header, payload)
         except (ProtocolError, KeyError, TypeError, ValueError) as exc:
             log.warning("the model host's hop channel broke (%s); it is closed", exc)
             if self._transport is not None:
@@ -124,42 +117,6 @@ class HopChannel(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self.generation = 0
-        reason = EngineUnavailable(self._link.unavailable_reason or "lost the model host")
-        for future, _ in self._hops.values():
-            if not future.done():
-                future.set_exception(reason)
-        self._hops.clear()
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-
-    def _out(self, hop: int, header: dict[str, Any], payload: bytes) -> None:
-        entry = self._hops.pop(hop, None)
-        if entry is None or entry[0].done():
-            return  # it timed out, or its session gave up on it
-        future = entry[0]
-        if "error" in header:
-            future.set_exception(
-                HostRefused(str(header["error"]), str(header.get("code", "refused")))
-            )
-        elif len(payload) % 4:
-            future.set_exception(HostFailed("the host sent a chunk's output that is not float32"))
-        else:
-            future.set_result(np.frombuffer(payload, np.float32).copy())
-
-    def _sweep_hops(self) -> None:
-        """Fail the chunks unanswered for ``HOP_TIMEOUT_S`` (a host that hangs)."""
-        self._sweep = None
-        now = self._loop.time()
-        while self._hops:
-            hop, (future, sent) = next(iter(self._hops.items()))
-            if now - sent < HOP_TIMEOUT_S:
-                self._sweep = self._loop.call_later(sent + HOP_TIMEOUT_S - now, self._sweep_hops)
-                return
-            del self._hops[hop]
-            if not future.done():
-                future.set_exception(
-                    EngineUnavailable(
-                        f"the model host did not answer a chunk in {HOP_TIMEOUT_S:g} s"
-                    )
-                )
+        self._hops.fail_all(
+            EngineUnavailable(self._link.unavailable_reason or "lost the model host")
+        )

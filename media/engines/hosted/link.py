@@ -32,7 +32,8 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from media.engines.base import EngineError, EngineUnavailable
+from media.engines.base import EngineUnavailable
+from media.engines.hosted.hops import HopsInFlight, HostFailed, HostRefused
 from media.engines.hosted.ring import AudioRing
 from media.engines.hosted.wire import Header, ProtocolError, encode, read_message
 from media.engines.loop_thread import LoopThread
@@ -43,20 +44,6 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.1  # a host restarted by the front is back within a second or two
 HELLO_TIMEOUT_S = 5.0
-# A hop the host has not answered in this long fails (a host that hangs, not one that went).
-HOP_TIMEOUT_S = 1.0
-
-
-class HostRefused(EngineError):
-    """The host refused a request; the message is the host's, ``code`` says which kind."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class HostFailed(EngineError):
-    """An utterance the host could not finish (its engine raised); the host's message."""
 
 
 class HostLink:
@@ -75,13 +62,11 @@ class HostLink:
         self._ring: AudioRing | None = None
         self._pending: dict[int, asyncio.Future[Header]] = {}
         self._streams: dict[int, FrameQueue] = {}
-        # Hops sent and not answered, oldest first: (future, when sent on this loop).
-        self._hops: dict[int, tuple[Future[np.ndarray], float]] = {}
-        self._hop_sweep: asyncio.TimerHandle | None = None
         self._ids = itertools.count(1)
         self._closing = False
         self._thread = LoopThread("host-link")
         self._loop = self._thread.loop
+        self._hops = HopsInFlight(self._loop)
         self._watcher = self._thread.submit(self._watch())
 
     # --- any thread ------------------------------------------------------------------------
@@ -209,42 +194,8 @@ class HostLink:
         if writer is None or generation != self.generation or not self._ready.is_set():
             future.set_exception(EngineUnavailable(self._reason or "the model host restarted"))
             return
-        hop = next(self._ids)
-        self._hops[hop] = (future, self._loop.time())
+        hop = self._hops.add(future)
         writer.write(encode({"t": "hop", "h": hop, "state": state}, payload))
-        if self._hop_sweep is None:
-            self._hop_sweep = self._loop.call_later(HOP_TIMEOUT_S, self._sweep_hops)
-
-    def _sweep_hops(self) -> None:
-        """Fail the hops unanswered for ``HOP_TIMEOUT_S``; look again when the next is due."""
-        self._hop_sweep = None
-        now = self._loop.time()
-        while self._hops:
-            hop, (future, sent) = next(iter(self._hops.items()))
-            if now - sent < HOP_TIMEOUT_S:
-                self._hop_sweep = self._loop.call_later(
-                    sent + HOP_TIMEOUT_S - now, self._sweep_hops
-                )
-                return
-            del self._hops[hop]
-            future.set_exception(
-                EngineUnavailable(f"the model host did not answer a hop in {HOP_TIMEOUT_S:g} s")
-            )
-
-    def _out(self, hop: int, header: Header, payload: bytes) -> None:
-        entry = self._hops.pop(hop, None)
-        if entry is None:
-            return  # it timed out already
-        future = entry[0]
-        if "error" in header:
-            future.set_exception(
-                HostRefused(str(header["error"]), str(header.get("code", "refused")))
-            )
-        elif len(payload) % 4:
-            future.set_exception(HostFailed("the host sent a hop's output that is not float32"))
-            raise ProtocolError("a hop's output that is not float32")
-        else:
-            future.set_result(np.frombuffer(payload, np.float32).copy())
 
     def _end_stream(self, stream: int) -> None:
         frames = self._streams.pop(stream, None)
@@ -296,7 +247,7 @@ class HostLink:
     def _dispatch(self, header: Header, payload: bytes) -> None:
         kind = header["t"]
         if kind == "out":
-            self._out(int(header["h"]), header, payload)
+            self._hops.answer(int(header["h"]), header, payload)
         elif kind in ("opened", "done", "refused"):
             answer = self._pending.get(int(header["req"]))
             if answer is not None and not answer.done():
@@ -335,12 +286,7 @@ class HostLink:
             if not answer.done():
                 answer.set_exception(EngineUnavailable(reason))
         self._pending.clear()
-        for future, _ in self._hops.values():
-            future.set_exception(EngineUnavailable(reason))
-        self._hops.clear()
-        if self._hop_sweep is not None:
-            self._hop_sweep.cancel()
-            self._hop_sweep = None
+        self._hops.fail_all(EngineUnavailable(reason))
         for frames in self._streams.values():
             frames.end(EngineUnavailable(f"{reason}; the utterance was cut short"))
         self._streams.clear()
