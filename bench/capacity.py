@@ -64,6 +64,7 @@ from bench.common import (
     process_cpu_seconds,
     process_rss_bytes,
     spawned_server,
+    stop_process,
     write_results,
 )
 from bench.loadclient import EncodedClip, LoadCaller
@@ -134,12 +135,7 @@ def spawned_host(kind: str, engine: str) -> Iterator[tuple[Path | None, list[int
                 time.sleep(0.05)
             yield socket, [process.pid]
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
 
 
 def probes_for(level: int) -> int:

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
-from media.engines.base import EngineError, EngineUnavailable
+from media.engines.base import ChunkFuture, EngineError, EngineUnavailable
 
 HOP_TIMEOUT_S = 1.0
-
-ChunkAnswer = Future[np.ndarray] | asyncio.Future[np.ndarray]
 
 
 class HostRefused(EngineError):
@@ -39,11 +36,11 @@ class HopsInFlight:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._waiting: dict[int, tuple[ChunkAnswer, float]] = {}  # hop -> (future, sent)
+        self._waiting: dict[int, tuple[ChunkFuture, float]] = {}  # hop -> (future, sent)
         self._ids = itertools.count(1)
         self._sweep: asyncio.TimerHandle | None = None
 
-    def add(self, future: ChunkAnswer) -> int:
+    def add(self, future: ChunkFuture) -> int:
         """The number of a chunk about to be sent, whose answer goes to ``future``."""
         hop = next(self._ids)
         self._waiting[hop] = (future, self._loop.time())
