@@ -137,13 +137,20 @@ class PlayoutDelayEstimator:
         )
         self._count(bucket)
         covered = (bucket + 1) * self._bucket
-        peak = self._peak * 0.5 ** (max(0.0, arrival - self._peak_at) / self._half_life)
-        if covered > peak:  # fast attack
+        # A peak at or below the floor never raises the target (nor does what it decays
+        # to): on a calm link, where every packet is within the floor, none is kept.
+        peak = self._peak
+        if peak > self._floor and arrival > self._peak_at:
+            peak *= 0.5 ** ((arrival - self._peak_at) / self._half_life)
+        if covered > peak and covered > self._floor:  # fast attack
             self._peak, self._peak_at, peak = covered, arrival, covered
         if self._peaks is not None:
-            if covered >= max(self._calm + PEAK_MARGIN_S, 2 * self._calm):
+            calm = self._calm
+            if covered >= calm + PEAK_MARGIN_S and covered >= 2 * calm:
                 self._peaks.peak(arrival, covered)
-            peak = max(peak, self._peaks.hold(arrival))
+            held = self._peaks.hold(arrival)
+            if held > peak:
+                peak = held
         self._calm = self._quantile_delay()
         self._last_arrival = arrival
         self.target = min(self._ceiling, max(self._floor, self._calm, peak))

@@ -39,6 +39,9 @@ MAX_PERIOD = 720  # 15 ms: a whole pitch period down to 66 Hz
 LOOP_MIN = 240  # an expansion repeats at least 5 ms of the past...
 LOOP_MAX = 960  # ...and at most 20 ms
 HISTORY = LOOP_MAX + XFADE + 64  # output kept for expansion
+# The output is appended to a buffer this much longer than the history, which is moved back
+# to its start only when it is full: a frame costs one copy into place, not a new array.
+PAST_ROOM = 16 * HISTORY
 EXTEND_HOLD = RATE * 15 // 100  # 150 ms of expansion at full level, then a fade...
 EXTEND_FADE = RATE // 4  # ...over 250 ms down to silence
 MATCH = 0.7  # the correlation a splice needs, unless the audio is quiet
@@ -79,7 +82,8 @@ class Splicer:
     """The output of one stream, continued block by block from the audio ahead of it."""
 
     def __init__(self) -> None:
-        self._history = np.zeros(HISTORY, np.float32)
+        self._past = np.zeros(HISTORY + PAST_ROOM, np.float32)
+        self._end = HISTORY  # the history is ``_past[_end - HISTORY : _end]``
         self._loop: np.ndarray | None = None  # the expansion's repeating piece, while expanding
         self._loop_at = 0
         self._expanded = 0  # samples of expansion since audio last came
@@ -105,7 +109,7 @@ class Splicer:
 
     def reset(self) -> None:
         """Forget the past: what comes next continues from silence (after an interrupt)."""
-        self._history[:] = 0.0
+        self._past[:] = 0.0
         self._loop = None
         self._expanded = 0
 
@@ -196,7 +200,7 @@ class Splicer:
 
     def _new_loop(self) -> np.ndarray:
         """The last ``P`` samples played, ``P`` where the past best continues the present."""
-        history = self._history
+        history = self._past[self._end - HISTORY : self._end]
         if _quiet(history[-LOOP_MAX:]):
             return history[-LOOP_MIN:].copy()
         # Reversed, the last window comes first and the window P earlier lies P after it.
@@ -250,8 +254,14 @@ class Splicer:
 
     def _remember(self, out: np.ndarray) -> np.ndarray:
         """Keep ``out`` as the most recent past; returns it."""
-        if len(out) >= HISTORY:
-            self._history = out[-HISTORY:].copy()
-        elif len(out):
-            self._history = np.concatenate([self._history[len(out) :], out])
+        past, end, samples = self._past, self._end, len(out)
+        if samples >= HISTORY:
+            past[:HISTORY] = out[-HISTORY:]
+            self._end = HISTORY
+        elif samples:
+            if end + samples > len(past):
+                past[:HISTORY] = past[end - HISTORY : end]
+                end = HISTORY
+            past[end : end + samples] = out
+            self._end = end + samples
         return out

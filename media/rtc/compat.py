@@ -89,6 +89,7 @@ from aiortc.rtcrtpreceiver import StreamStatistics
 from OpenSSL import SSL
 
 from media.rtc import ice
+from media.rtc.srtp import Transform, packet_cipher
 
 CHECKED_AIORTC_VERSION = "1.16.0"
 CHECKED_AIOICE_VERSION = "0.13.0"
@@ -272,6 +273,9 @@ def protected_rtp_send(dtls: aiortc.RTCDtlsTransport) -> Callable[[bytes], None]
     check_versions()
     ice_connection = dtls.transport._connection
     count = _dtls_counter(dtls, "tx")
+    # DTLS makes its SRTP session once it is connected: its protect is made on first use.
+    protected_by: pylibsrtp.Session | None = None
+    protect: Transform | None = None
 
     def send(packet: bytes) -> None:
         if dtls.state != "connected":
@@ -279,7 +283,11 @@ def protected_rtp_send(dtls: aiortc.RTCDtlsTransport) -> Callable[[bytes], None]
         pair = ice_connection._nominated.get(1)
         if pair is None or pair.protocol.transport is None:
             raise ConnectionError("ICE has no nominated pair")
-        data = dtls._tx_srtp.protect(packet)
+        nonlocal protected_by, protect
+        if dtls._tx_srtp is not protected_by or protect is None:
+            protected_by = dtls._tx_srtp
+            protect = packet_cipher(protected_by)[0]
+        data = protect(packet)
         pair.protocol.transport.sendto(data, pair.remote_addr)
         count(len(data))
 
@@ -290,12 +298,13 @@ def _dtls_counter(dtls: aiortc.RTCDtlsTransport, direction: str) -> Callable[[in
     """What counts a datagram of ``size`` bytes sent (``tx``) or received (``rx``) around
     ``dtls`` in its own ``transport`` stats."""
     packets, octets = DTLS_COUNTERS[f"{direction}_packets"], DTLS_COUNTERS[f"{direction}_bytes"]
-    if not (hasattr(dtls, packets) and hasattr(dtls, octets)):
+    counters = vars(dtls)  # the transport's own attributes, updated in place
+    if packets not in counters or octets not in counters:
         raise UncheckedVersion("this aiortc's DTLS transport keeps no packet counters")
 
     def count(size: int) -> None:
-        setattr(dtls, packets, getattr(dtls, packets) + 1)
-        setattr(dtls, octets, getattr(dtls, octets) + size)
+        counters[packets] += 1
+        counters[octets] += size
 
     return count
 
@@ -348,6 +357,7 @@ def divert_rtp(
     session = dtls._rx_srtp
     if session is None:
         raise ConnectionError("DTLS is not connected")
+    unprotect = packet_cipher(session)[1]
     count = _dtls_counter(dtls, "rx")
     connection = dtls.transport._connection
     stock_data_received = connection.data_received
@@ -364,7 +374,7 @@ def divert_rtp(
             if not receiver._enabled:
                 return
             try:
-                rtp = session.unprotect(data)
+                rtp = unprotect(data)
             except pylibsrtp.Error:
                 return
             take(rtp)

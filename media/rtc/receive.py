@@ -297,6 +297,7 @@ class AudioReceivePath:
         self._last_arrival = -math.inf
         self._control_steps = DelayControl()
         self._nudge = 0.0
+        self._reported_target = self._reported_margin = -1.0  # as the stats last had them
         # Undecodable packets.
         self._recent_bad: deque[bool] = deque(maxlen=DISTRUST_WINDOW)
         self._tainted = False  # the decoder's state came from a packet that was not audio
@@ -808,11 +809,14 @@ class AudioReceivePath:
         else:
             self._covered += waited
         stats = self.stats
-        stats.expanded_ms = round(stats.expanded_ms + 1000 * splicer.expanded / RTC_RATE, 1)
-        stats.accelerated_ms = round(
-            stats.accelerated_ms + 1000 * (splicer.accelerated + splicer.skipped) / RTC_RATE, 1
-        )
-        stats.preemptive_ms = round(stats.preemptive_ms + 1000 * splicer.preemptive / RTC_RATE, 1)
+        if splicer.expanded:  # most frames are played as they are: nothing to add
+            stats.expanded_ms = round(stats.expanded_ms + 1000 * splicer.expanded / RTC_RATE, 1)
+        if shed := splicer.accelerated + splicer.skipped:
+            stats.accelerated_ms = round(stats.accelerated_ms + 1000 * shed / RTC_RATE, 1)
+        if splicer.preemptive:
+            stats.preemptive_ms = round(
+                stats.preemptive_ms + 1000 * splicer.preemptive / RTC_RATE, 1
+            )
         stats.frames += 1
         self.arrived_at = arrived if arrived is not None else now
         self._sink(frame)
@@ -829,8 +833,11 @@ class AudioReceivePath:
             wanted += DEADLINE_HEADROOM_S
         if self._losing_with_fec(start):
             wanted = max(wanted, FRAME_SECONDS + DEADLINE_HEADROOM_S)
-        self.stats.target_ms = round(1000 * target, 1)
-        self.stats.margin_ms = round(1000 * wanted, 1)
+        # Both change a few times a second at most: rounded for the stats only then.
+        if target != self._reported_target or wanted != self._reported_margin:
+            self._reported_target, self._reported_margin = target, wanted
+            self.stats.target_ms = round(1000 * target, 1)
+            self.stats.margin_ms = round(1000 * wanted, 1)
         if expected is None or self._splicer.expanding:
             return 0
         delay = start - expected
