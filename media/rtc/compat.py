@@ -43,9 +43,10 @@ The send path (:func:`when_sender_starts`, :func:`sender_ssrc`, :func:`sent_repo
     ``send`` is wrapped on the instance), the sender's SSRC (``_ssrc``), the counters its
     RTCP sender reports read (``__packet_count``, ``__octet_count``, ``__rtp_timestamp``,
     ``__ntp_timestamp``), and a synchronous SRTP send: the DTLS transport's ``_tx_srtp``
-    and the ICE connection's nominated pair (``_connection._nominated``), whose socket
-    aioice's ``send_data`` writes to without awaiting anything. The DTLS transport's own
-    send counters (``__tx_packets``, ``__tx_bytes``, in its ``transport`` stats) are kept.
+    and its ``_state`` (the ``state`` property formats the enum on every read), the SRTP
+    session's libsrtp handle (``media.rtc.srtp``), and the ICE connection's nominated pair
+    (``_connection._nominated``), whose socket aioice's ``send_data`` writes to without
+    awaiting anything. The DTLS transport's own send counters (``__tx_packets``, ``__tx_bytes``, in its ``transport`` stats) are kept.
     Remove if aiortc lets a sender take encoded frames from a caller that paces them.
 
 Audio packets from the socket (:func:`when_receiver_starts`, :func:`received_report`,
@@ -84,6 +85,7 @@ import aiortc
 import pylibsrtp
 from aiortc import clock
 from aiortc.rtcdtlstransport import RTCCertificate
+from aiortc.rtcdtlstransport import State as DtlsState
 from aiortc.rtcrtpparameters import RTCRtpReceiveParameters, RTCRtpSendParameters
 from aiortc.rtcrtpreceiver import StreamStatistics
 from OpenSSL import SSL
@@ -278,7 +280,7 @@ def protected_rtp_send(dtls: aiortc.RTCDtlsTransport) -> Callable[[bytes], None]
     protect: Transform | None = None
 
     def send(packet: bytes) -> None:
-        if dtls.state != "connected":
+        if dtls._state is not DtlsState.CONNECTED:  # ``state`` formats the enum each time
             raise ConnectionError("DTLS is not connected")
         pair = ice_connection._nominated.get(1)
         if pair is None or pair.protocol.transport is None:
