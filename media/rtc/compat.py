@@ -46,7 +46,8 @@ The send path (:func:`when_sender_starts`, :func:`sender_ssrc`, :func:`sent_repo
     and its ``_state`` (the ``state`` property formats the enum on every read), the SRTP
     session's libsrtp handle (``media.rtc.srtp``), and the ICE connection's nominated pair
     (``_connection._nominated``), whose socket aioice's ``send_data`` writes to without
-    awaiting anything. The DTLS transport's own send counters (``__tx_packets``, ``__tx_bytes``, in its ``transport`` stats) are kept.
+    awaiting anything. The DTLS transport's own send counters (``__tx_packets``,
+    ``__tx_bytes``, in its ``transport`` stats) are kept.
     Remove if aiortc lets a sender take encoded frames from a caller that paces them.
 
 Audio packets from the socket (:func:`when_receiver_starts`, :func:`received_report`,
@@ -60,7 +61,9 @@ Audio packets from the socket (:func:`when_receiver_starts`, :func:`received_rep
     ``getStats`` and ``getSynchronizationSources`` read) and its ``_enabled`` flag, the DTLS
     transport's ``_rx_srtp`` session and receive counters (``__rx_packets``,
     ``__rx_bytes``), and the ICE connection's ``data_received``, which aioice's protocols
-    call for every datagram that is not STUN; it is replaced on the connection instance.
+    call for every datagram that is not STUN; it is replaced on the connection instance,
+    and each host protocol's ``datagram_received`` (``_connection._protocols``) hands it
+    RTP and RTCP without first trying them as STUN (a raised ``ValueError`` per packet).
     Everything else (DTLS, RTCP, other payload types) still goes aiortc's way.
     Remove if aiortc lets a receiver hand RTP packets to a caller as they arrive.
 
@@ -384,3 +387,27 @@ def divert_rtp(
             stock_data_received(data, component)
 
     connection.data_received = data_received  # type: ignore[method-assign]
+    for protocol in connection._protocols:
+        _skip_stun_parse_of_media(protocol, connection)
+
+
+def _skip_stun_parse_of_media(
+    protocol: aioice.ice.StunProtocol, connection: aioice.ice.Connection
+) -> None:
+    """Hand RTP and RTCP datagrams on ``protocol`` to the connection without trying them as
+    STUN first: aioice parses every datagram as a STUN message and takes the ``ValueError``
+    as "data", a raised exception per media packet. A datagram whose first byte is 128-191
+    is RTP or RTCP (RFC 7983 section 7); a STUN message's is 0 or 1."""
+    candidate = getattr(protocol, "local_candidate", None)
+    if type(protocol) is not aioice.ice.StunProtocol or candidate is None:
+        return  # a TURN relay's protocol delivers its own way
+    stock_datagram_received = protocol.datagram_received
+    component = candidate.component
+
+    def datagram_received(data: bytes | str, addr: tuple[Any, ...]) -> None:
+        if isinstance(data, bytes) and len(data) > 1 and 127 < data[0] < 192:
+            connection.data_received(data, component)
+        else:
+            stock_datagram_received(data, addr)
+
+    protocol.datagram_received = datagram_received  # type: ignore[method-assign]

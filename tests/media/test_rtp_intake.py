@@ -11,6 +11,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+import aioice.stun
 import pytest
 from aiortc import AudioStreamTrack, RTCPeerConnection
 from aiortc.rtcrtpparameters import RTCRtpReceiveParameters
@@ -173,6 +174,34 @@ async def test_other_payload_types_still_go_aiortcs_way(loopback_ice: None) -> N
         await until(lambda: len(stock.packets) >= 25)
         assert taken.packets == []
         assert (await stats_of(callee, "inbound-rtp")).packetsReceived >= 25
+    finally:
+        await callee.close()
+        await caller.close()
+
+
+async def test_media_is_not_tried_as_stun_and_stun_still_is(
+    loopback_ice: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once diverted, the callee's RTP skips aioice's STUN parser (which raised per packet);
+    the ICE consent checks, which are STUN, still reach it and keep the call up. (Only the
+    callee receives RTP: the caller gets RTCP, through its stock, undiverted path.)"""
+    tried: list[bytes] = []
+    stock_parse = aioice.stun.parse_message
+
+    def parse(data: bytes) -> Any:
+        tried.append(data[:2])
+        return stock_parse(data)
+
+    monkeypatch.setattr(aioice.stun, "parse_message", parse)
+    caller, callee, _, _, taken = await call(divert=True)
+    try:
+        await until(lambda: len(taken.packets) >= 5)
+        tried.clear()
+        packets = len(taken.packets)
+        await until(lambda: len(taken.packets) >= packets + 50)
+        rtp = [head for head in tried if 127 < head[0] < 192 and not 192 <= head[1] < 224]
+        assert rtp == []
+        assert callee.iceConnectionState in ("completed", "connected")
     finally:
         await callee.close()
         await caller.close()

@@ -23,8 +23,9 @@ def rtp(seq: int, payload: bytes = b"\x78" * 80) -> bytes:
 
 
 def test_protect_gives_pylibsrtps_bytes_and_unprotect_gives_the_packet_back() -> None:
-    stock, direct = session(pylibsrtp.Policy.SSRC_ANY_OUTBOUND), session(
-        pylibsrtp.Policy.SSRC_ANY_OUTBOUND
+    stock, direct = (
+        session(pylibsrtp.Policy.SSRC_ANY_OUTBOUND),
+        session(pylibsrtp.Policy.SSRC_ANY_OUTBOUND),
     )
     cipher = PacketCipher(direct)
     receiver = PacketCipher(session(pylibsrtp.Policy.SSRC_ANY_INBOUND))
