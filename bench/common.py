@@ -51,15 +51,17 @@ def spawned_server(
     core: int | None = 0,
     ready_path: str = "healthz",
     ready_timeout: float = 60.0,
+    cwd: Path = ROOT,
 ) -> Iterator[ServerHandle]:
-    """Run a server command (pinned to ``core``) until it answers; stop it afterwards.
+    """Run a server command (pinned to ``core``, in ``cwd``: ``python -m`` runs the checkout
+    it starts in) until it answers; stop it afterwards.
 
     The server's log goes to a file: a pipe nobody reads fills up under load and then blocks
     the server on its next log line.
     """
     with tempfile.TemporaryFile() as log_file:
         process = subprocess.Popen(
-            pinned(command, core), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_file
+            pinned(command, core), cwd=cwd, stdout=subprocess.DEVNULL, stderr=log_file
         )
         try:
             _wait_until_ready(
