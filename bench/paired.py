@@ -58,7 +58,8 @@ async def one_level(
             before, began = [process_cpu_seconds(pid) for pid in pids], time.monotonic()
             await asyncio.sleep(seconds)
             elapsed = time.monotonic() - began
-            return [(process_cpu_seconds(pid) - b) / elapsed for pid, b in zip(pids, before, strict=True)]
+            used = [process_cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)]
+            return [seconds_used / elapsed for seconds_used in used]
         finally:
             await asyncio.gather(*(c.close(http) for c in callers), return_exceptions=True)
 
