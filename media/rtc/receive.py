@@ -74,7 +74,6 @@ from media.audio.realtime import RealTimeBudget
 from media.audio.splice import XFADE, Splicer
 from media.pipeline.base import ReceiveStats
 from media.pipeline.pacing import InputStall
-from media.rtc.timer_queue import TimerQueue
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +255,6 @@ class AudioReceivePath:
         on_stall: StallSink | None = None,
     ) -> None:
         loop = asyncio.get_running_loop() if clock is None or call_at is None else None
-        if call_at is None:  # one heap for every receive path of the loop (TimerQueue)
-            call_at = TimerQueue.of_running_loop().call_at
         self._sink = sink
         self._peak_mode = peak_mode
         self._relay_stalls = relay_stalls
@@ -265,7 +262,7 @@ class AudioReceivePath:
         # The start of the slot a relayed stall left without audio (None: no stall).
         self._stall_start: float | None = None
         self._clock = clock or loop.time  # type: ignore[union-attr]
-        self._call_at = call_at
+        self._call_at = call_at or loop.call_at  # type: ignore[union-attr]
         self._decoder = decoder or OpusDecoder(channels=1)
         self.on_error = on_error
         # Told how many packets each gap lost (the send side's FEC starts on it).
