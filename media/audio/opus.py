@@ -207,7 +207,7 @@ class OpusEncoder:
             raise OpusError("encoder is closed")
         length = len(pcm)
         if length > len(self._in):
-            raise OpusError(f"at most {MAX_FRAME_SAMPLES} samples per frame, not {length}")
+            raise OpusError(f"at most {len(self._in)} samples per frame, not {length}")
         self._in[:length] = pcm
         size = _lib().opus_encode_float(
             self._state, self._in_address, length // self.channels, self._out, MAX_PACKET_BYTES

@@ -228,6 +228,19 @@ def test_a_frame_of_the_wrong_length_raises() -> None:
         OpusEncoder().encode(np.zeros(1000, dtype=np.float32))
 
 
+def test_a_frame_longer_than_any_opus_frame_raises_and_the_next_encodes() -> None:
+    encoder = OpusEncoder()
+    with pytest.raises(OpusError, match="at most"):
+        encoder.encode(np.zeros(MAX_FRAME_SAMPLES + 1, dtype=np.float32))
+    assert encoder.encode(np.zeros(960, dtype=np.float32))
+
+
+def test_a_float64_frame_encodes_as_its_float32_copy() -> None:
+    frame = (0.3 * np.sin(np.arange(960) * 0.05)).astype(np.float64)
+    as_float64, as_float32 = OpusEncoder(), OpusEncoder()
+    assert as_float64.encode(frame) == as_float32.encode(frame.astype(np.float32))
+
+
 def test_an_invalid_channel_count_raises() -> None:
     with pytest.raises(OpusError):
         OpusDecoder(channels=3)
