@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import ROOT, free_port, pinned
+from bench.common import ROOT, free_port, pinned, stop_process
 
 REDIS = shutil.which("redis-server")
 NODE_START_TIMEOUT_S = 60.0
@@ -83,12 +83,7 @@ class Node:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            stop_process(self.process, grace=20)
 
 
 def start_node(

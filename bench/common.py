@@ -72,11 +72,11 @@ def spawned_server(
             stop_process(process)
 
 
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, and SIGKILL if it has not exited within 10 s."""
+def stop_process(process: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within ``grace`` seconds."""
     process.terminate()
     try:
-        process.wait(timeout=10)
+        process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

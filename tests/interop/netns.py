@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.common import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ADDRESS = "10.77.0.1"
 CLIENT_ADDRESS = "10.77.0.2"
@@ -122,12 +124,7 @@ def namespaced_server(namespace: Namespace, *args: str) -> Iterator[NamespacedSe
             _wait_until_serving(server)
             yield server
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process, grace=15)
 
 
 def _wait_until_serving(server: NamespacedServer, timeout: float = 90.0) -> None:
