@@ -35,6 +35,7 @@ from media.rtc import receive
 from media.rtc.compat import install_receive_path as install
 from media.rtc.receive import (
     BURST_ALLOWANCE_S,
+    CALM_LOSS_HOLD_S,
     DEADLINE_HEADROOM_S,
     IDLE_AFTER_S,
     MAX_BUFFER_S,
@@ -543,8 +544,9 @@ class TestLoss:
     ):
         """Without the hold a lost packet's copy comes with the next packet, a slot late, and
         the rebuilt frame is handed on late (the next leg of an echo takes that for jitter);
-        once a loss has shown the link loses, the path plays a frame later and the next lost
-        packet is rebuilt from its copy in its own slot."""
+        once a loss has shown the link loses, the path plays later (half a frame of margin: the
+        link has no jitter) and the next lost packet is rebuilt from its copy within its own
+        slot, the moment the copy comes."""
         fec_around = [
             k for k in range(30, len(with_fec) - 1)
             if packet_has_fec(with_fec[k - 1]) and packet_has_fec(with_fec[k + 1])
@@ -554,15 +556,35 @@ class TestLoss:
         link.send_all([k for k in range(first + 40) if k != first])
         gaps = np.diff(link.released_at)
         assert gaps[first - 1] == pytest.approx(2 * SLOT)  # the first copy: handed on late
-        hold = 1000 * (SLOT + DEADLINE_HEADROOM_S)
+        hold = 1000 * CALM_LOSS_HOLD_S
         assert link.path.stats.margin_ms == pytest.approx(hold)
         assert link.path.stats.delay_ms == pytest.approx(hold, abs=1.0)
 
         handed = len(link.released_at)
         link.send_all([k for k in range(first + 40, second + 20) if k != second])
         assert ("fec", second + 1) in link.concealments
-        after = np.diff(link.released_at[handed - 1 :])
-        assert after == pytest.approx(np.full(len(after), SLOT))  # the second: in its slot
+        late_by = np.diff(link.released_at[handed - 1 :]) - SLOT
+        rebuilt = int(np.argmax(late_by))  # the one frame off the grid, and the one after it
+        copy_came_at = (second + 1) * SLOT
+        assert link.released_at[handed - 1 + rebuilt + 1] == pytest.approx(copy_came_at)
+        assert 0 < late_by[rebuilt] < SLOT - 0.002  # within its own slot
+        assert late_by[rebuilt + 1] == pytest.approx(-late_by[rebuilt])
+        others = np.delete(late_by, [rebuilt, rebuilt + 1])
+        assert others == pytest.approx(np.zeros(len(others)), abs=1e-9)  # on the grid
+
+    def test_on_a_jittery_link_the_hold_is_a_whole_frame(self, with_fec: list[bytes]):
+        """There the copy is as late as its own packet: the hold stays a frame and more."""
+        rng = np.random.default_rng(3)
+        lost = next(k for k in range(60, len(with_fec) - 1) if packet_has_fec(with_fec[k + 1]))
+        count = lost + 60
+        arrivals = np.arange(count) * SLOT + rng.uniform(0, 0.03, count)
+        link = Link(with_fec)
+        for k in np.argsort(arrivals):
+            if k != lost:
+                link.send(int(k), at=float(arrivals[k]))
+        link.run_until(count * SLOT + 0.1)
+        assert link.path.stats.target_ms > 20.0
+        assert link.path.stats.margin_ms >= 1000 * (SLOT + DEADLINE_HEADROOM_S)
 
     def test_the_hold_ends_once_the_link_stops_losing(
         self, with_fec: list[bytes], monkeypatch: pytest.MonkeyPatch
@@ -571,7 +593,7 @@ class TestLoss:
         lost = next(k for k in range(30, len(with_fec) - 1) if packet_has_fec(with_fec[k + 1]))
         link = Link(with_fec)
         link.send_all([k for k in range(lost + 30) if k != lost])
-        assert link.path.stats.margin_ms > 20.0
+        assert link.path.stats.margin_ms == pytest.approx(1000 * CALM_LOSS_HOLD_S)
         link.send_all(range(lost + 30, lost + 100))  # 1.4 s without a loss
         assert link.path.stats.margin_ms == 0.0
         assert abs(link.path.stats.delay_ms) <= 1.0
