@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.cosyvoice MODEL_DIR [--device cpu|cuda] [--repeat 2]
         [--triton-url HOST:PORT | --triton-standin] [--processes N]
-        [--cpu-convolutions native|onednn]
+        [--cpu-convolutions native|onednn] [--llm-steps dynamic static graph]
 
 Runs the engine in-process (no WebRTC), sequential (each utterance alone in its own threads)
 and batched (one worker running every utterance's LLM steps and hops together), on the same
@@ -46,6 +46,7 @@ import torch
 
 from bench.common import ROOT, percentile, print_table, write_results
 from media.engines.cosyvoice import loader
+from media.engines.cosyvoice.batcher import CosyVoiceBatcher
 from media.engines.cosyvoice.flow_window import flow_mel
 from media.engines.cosyvoice.schedule import HopSchedule
 from media.engines.cosyvoice.speak import CosyVoiceEngine
@@ -262,15 +263,28 @@ def main() -> int:
         default="native",
         help="the engine's convolution kernels on a CPU (see loader.use_cpu_convolutions)",
     )
+    parser.add_argument(
+        "--llm-steps",
+        nargs="+",
+        choices=loader.LLM_STEPS,
+        default=["dynamic"],
+        help="the batched LLM step (cosyvoice.llm_step); each after the first adds batched rows",
+    )
     args = parser.parse_args()
     settings = {
         "model": args.model_dir,
         "device": args.device,
         "cpu_convolutions": args.cpu_convolutions,
+        "llm_step": args.llm_steps[0],
     }
     engine = loader.load_speak(settings)
     sequential = CosyVoiceEngine(engine.model, engine.context_tokens, engine.chunk)
     engines: dict[str, Any] = {"sequential": sequential, "batched": engine}
+    for step in args.llm_steps[1:]:  # the same loaded model, another batch loop
+        batcher = CosyVoiceBatcher(engine.model, engine.context_tokens, engine.chunk, llm_step=step)
+        engines[f"batched-{step}"] = CosyVoiceEngine(
+            engine.model, engine.context_tokens, engine.chunk, batcher
+        )
     with contextlib.ExitStack() as stack:
         url = args.triton_url
         if args.triton_standin:
@@ -306,12 +320,16 @@ def main() -> int:
             "model_dir": str(args.model_dir),
             "device": args.device,
             "cpu_convolutions": args.cpu_convolutions,
+            "llm_steps": args.llm_steps,
             "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
             "rows": rows,
             "flow_per_hop": flow,
         },
     )
     print(f"\nwrote {path.relative_to(ROOT)}")
+    for name, other in engines.items():
+        if name.startswith("batched-"):
+            other.shutdown()
     engine.close()
     return 0
 

@@ -3,6 +3,9 @@
 #
 #     bash bench/gpu/check.sh            (from the repository root, on a machine with CUDA)
 #
+# The batched rows run twice: with the LLM step as on a CPU (cosyvoice.llm_step=dynamic) and
+# captured as a CUDA graph (graph, rows "batched-graph"), on the same loaded model.
+#
 # Builds a CosyVoice2-0.5B directory with random weights (the published layout, ~4.3 GB,
 # ~25 s; kept in COSYRTC_GPU_MODEL for a rerun), then runs bench.cosyvoice on cuda: each
 # concurrency level once per mode, first chunk p50/p95, real-time factor and CPU seconds per
@@ -27,4 +30,4 @@ if [ ! -f "$MODEL/llm.pt" ]; then
     "$PYTHON" -m scripts.make_tiny_cosyvoice "$MODEL" --full
 fi
 timeout "$CHECK_SECONDS" "$PYTHON" -m bench.cosyvoice "$MODEL" --device cuda --repeat 1 \
-    --streams 1 4 8 16 --no-flow-table --name cosyvoice-gpu
+    --streams 1 4 8 16 --no-flow-table --llm-steps dynamic graph --name cosyvoice-gpu

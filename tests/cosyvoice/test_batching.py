@@ -6,12 +6,20 @@ import gc
 import threading
 import time
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from media.engines.cosyvoice.batch_llm import SlotCache, decode_step, prefill
+from media.engines.cosyvoice.batch_llm import (
+    FIRST_CAPACITY,
+    FIRST_ROWS,
+    DecodeGraph,
+    SlotCache,
+    decode_step,
+    prefill,
+)
 from media.engines.cosyvoice.batcher import GATHER_STEPS, CosyVoiceBatcher, Utterance
 from media.engines.cosyvoice.flow_batch import FlowHop, flow_mel_batch
 from media.engines.cosyvoice.flow_window import flow_mel
@@ -111,30 +119,50 @@ def test_hops_of_different_lengths_in_one_flow_call_equal_each_alone(
         np.testing.assert_allclose(mel.numpy(), single.numpy(), atol=1e-4)
 
 
-def test_a_batched_step_equals_the_library_forward_for_each_row(speak_engine: CosyVoiceEngine):
-    """Rows with caches of different lengths; then one leaves and the others step on."""
-    body = speak_engine.model.llm.llm.model.model
+def new_cache(body: torch.nn.Module) -> SlotCache:
     config = body.config
-    cache = SlotCache(
+    return SlotCache(
         config.num_hidden_layers,
         config.num_key_value_heads,
         config.hidden_size // config.num_attention_heads,
         body.embed_tokens.weight,
     )
+
+
+def stepper(kind: str, body: torch.nn.Module, cache: SlotCache) -> Any:
+    if kind == "dynamic":
+        return lambda inputs: decode_step(body, cache, inputs)
+    return DecodeGraph(body, cache, capture=False)  # the graph's step and buffers, no CUDA
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_a_batched_step_equals_the_library_forward_for_each_row(
+    speak_engine: CosyVoiceEngine, kind: str
+):
+    """Rows with caches of different lengths, more rows than the cache first holds and one
+    about to outgrow its positions; then one leaves and the others step on. The static
+    form steps every row of the capacity over all of it, the rows not in use ignored."""
+    body = speak_engine.model.llm.llm.model.model
+    hidden_size = body.config.hidden_size
+    cache = new_cache(body)
+    step = stepper(kind, body, cache)
     generator = torch.Generator().manual_seed(0)
     library_caches = []
+    lengths = (7, 30, 12, FIRST_CAPACITY - 2, 3)
     with torch.inference_mode():
-        for length in (7, 30, 12):
-            inputs = torch.randn(1, length, config.hidden_size, generator=generator)
+        for length in lengths:
+            inputs = torch.randn(1, length, hidden_size, generator=generator)
             _, keys, values = prefill(body, inputs)
             cache.add(keys, values)
             library_caches.append(body(inputs_embeds=inputs, use_cache=True).past_key_values)
-        for step in range(4):
-            if step == 2:
-                assert cache.remove(0) == 2  # the last row moves into the freed one
-                library_caches = [library_caches[2], library_caches[1]]
-            new = torch.randn(cache.rows, config.hidden_size, generator=generator)
-            batched = decode_step(body, cache, new)
+        assert cache.capacity_rows > FIRST_ROWS
+        for index in range(4):
+            if index == 2:
+                assert cache.remove(0) == 4  # the last row moves into the freed one
+                library_caches = [library_caches[4], *library_caches[1:4]]
+            new = torch.randn(cache.rows, hidden_size, generator=generator)
+            batched = step(new)
+            assert batched.shape == (cache.rows, hidden_size)
             for row, past in enumerate(library_caches):
                 result = body(
                     inputs_embeds=new[row][None, None], past_key_values=past, use_cache=True
@@ -142,7 +170,40 @@ def test_a_batched_step_equals_the_library_forward_for_each_row(speak_engine: Co
                 np.testing.assert_allclose(
                     batched[row].numpy(), result.last_hidden_state[0, -1].numpy(), atol=1e-4
                 )
-    assert cache.lengths == [12 + 4, 30 + 4]
+    assert cache.capacity == 2 * FIRST_CAPACITY  # a row outgrew it during the steps
+    assert cache.lengths == [3 + 4, 30 + 4, 12 + 4, FIRST_CAPACITY - 2 + 4]
+    assert cache.positions[: cache.rows].tolist() == cache.lengths
+    assert cache.positions[cache.rows :].eq(0).all()
+
+
+@pytest.mark.parametrize("kind", ["static", "graph"])
+def test_a_batcher_with_a_static_step_draws_what_the_sequential_path_draws(
+    speak_engine: CosyVoiceEngine, kind: str
+):
+    """``llm_step=static`` through the whole loop: every token as each utterance alone;
+    ``graph`` is refused on a CPU, with a reason."""
+    if kind == "graph":
+        with pytest.raises(ValueError, match="CUDA"):
+            CosyVoiceBatcher(
+                speak_engine.model, speak_engine.context_tokens, speak_engine.chunk, llm_step=kind
+            )
+        return
+    batcher = CosyVoiceBatcher(
+        speak_engine.model, speak_engine.context_tokens, speak_engine.chunk, llm_step=kind
+    )
+    try:
+        prompts = speakers(speak_engine)
+        requests = [request_for(speak_engine, text, prompts[i % 2]) for i, text in enumerate(TEXTS)]
+        utterances = [
+            start(batcher, speak_engine, request, prompts[i % 2], 20 + i)
+            for i, request in enumerate(requests[:5])
+        ]
+        read_all(utterances)
+        for index, utterance in enumerate(utterances):
+            assert utterance.tokens == alone(speak_engine, requests[index], 20 + index), index
+        assert batcher.steps < sum(len(u.tokens) for u in utterances)
+    finally:
+        batcher.close()
 
 
 def test_utterances_that_join_and_leave_speak_what_they_would_alone(

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from media.engines.base import EngineUnavailable
 from media.engines.cosyvoice.flow_window import flow_mel
-from media.engines.cosyvoice.loader import SPEAK_PLUGIN, use_cpu_convolutions
+from media.engines.cosyvoice.loader import SPEAK_PLUGIN, load_speak, use_cpu_convolutions
 from media.engines.cosyvoice.modeldir import inference_yaml
 from media.engines.cosyvoice.speak import CosyVoiceEngine
 from media.engines.cosyvoice.vocoder import VocoderCache, vocode
@@ -72,6 +73,14 @@ def test_cpu_convolutions_must_be_a_known_kernel_set():
     assert SPEAK_PLUGIN.parse_settings({"cpu_convolutions": "onednn"})["cpu_convolutions"] == (
         "onednn"
     )
+
+
+def test_the_llm_step_must_be_a_known_one_and_a_graph_needs_cuda(tiny_model_dir: Path):
+    with pytest.raises(EngineSettingsError, match="dynamic, static, graph"):
+        SPEAK_PLUGIN.parse_settings({"llm_step": "fast"})
+    assert SPEAK_PLUGIN.parse_settings({"llm_step": "static"})["llm_step"] == "static"
+    with pytest.raises(EngineUnavailable, match="llm_step=graph needs a CUDA device"):
+        load_speak({"model": tiny_model_dir, "llm_step": "graph"})
 
 
 def test_a_cpu_model_runs_torchs_own_convolutions(speak_engine: CosyVoiceEngine):

@@ -18,7 +18,9 @@ threads compete for the same cores. Here one thread per loaded model runs a loop
    started together, admitted over two passes, with oneDNN's convolutions: first audio 245,
    246, 246 and 331 ms);
 4. one LLM step for every utterance still generating, each sampled with its session's own
-   generator.
+   generator. ``llm_step`` picks how: ``dynamic`` over the rows in use and
+   the longest one's length (a CPU's fastest), ``static`` over the cache's whole capacity
+   (constant shapes), ``graph`` the static step captured as a CUDA graph (a GPU's).
 
 A pass is one token step plus at most one render, so a cancel is seen within one step, a new
 utterance waits at most one render before its prefill, and no utterance's hops wait behind
@@ -33,14 +35,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from media.engines.cosyvoice.batch_llm import SlotCache, decode_step, prefill
+from media.engines.cosyvoice.batch_llm import DecodeGraph, SlotCache, decode_step, prefill
 from media.engines.cosyvoice.flow_batch import FlowHop, flow_mel_batch
 from media.engines.cosyvoice.modeldir import LoadedModel
 from media.engines.cosyvoice.prompts import SpeakerPrompt
@@ -114,6 +116,7 @@ class CosyVoiceBatcher:
         chunk: int,
         slots: int = DEFAULT_SLOTS,
         max_hops: int = DEFAULT_MAX_HOPS,
+        llm_step: str = "dynamic",
     ) -> None:
         self.model = model
         self.context_tokens = context_tokens
@@ -131,6 +134,7 @@ class CosyVoiceBatcher:
             head_dim,
             self._body.embed_tokens.weight,
         )
+        self._decode = self._decoder(llm_step)
         self._rows: list[Utterance] = []  # decoding utterances, in packed cache order
         self._active: list[Utterance] = []
         self._waiting: list[Utterance] = []
@@ -140,6 +144,16 @@ class CosyVoiceBatcher:
         self.renders = 0
         self._thread = threading.Thread(target=self._run, name="cosyvoice-batch", daemon=True)
         self._thread.start()
+
+    def _decoder(self, llm_step: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        if llm_step == "dynamic":
+            return lambda inputs: decode_step(self._body, self._cache, inputs)
+        if llm_step not in ("static", "graph"):
+            raise ValueError(f"llm_step is dynamic, static or graph, not {llm_step!r}")
+        capture = llm_step == "graph"
+        if capture and self._body.norm.weight.device.type != "cuda":
+            raise ValueError("llm_step graph needs the model on a CUDA device")
+        return DecodeGraph(self._body, self._cache, capture=capture)
 
     def speak(
         self,
@@ -237,7 +251,7 @@ class CosyVoiceBatcher:
         rows = list(self._rows)
         last = torch.tensor([u.tokens[-1] for u in rows], device=self._body.norm.weight.device)
         try:
-            hidden = decode_step(self._body, self._cache, self._llm.speech_embedding.weight[last])
+            hidden = self._decode(self._llm.speech_embedding.weight[last])
             self.steps += 1
             self._sample(rows, self._log_probs(hidden))
         except Exception as exc:

@@ -47,9 +47,13 @@ class CosyVoiceSettings:
     threads: int = 1
     # Which convolution kernels torch runs on a CPU (``use_cpu_convolutions``).
     cpu_convolutions: str = "native"
+    # How the batched LLM step runs (batch_llm.py): dynamic (a CPU's fastest), static, or
+    # graph (the static step as a CUDA graph: a CUDA device only).
+    llm_step: str = "dynamic"
 
 
 CPU_CONVOLUTIONS = ("native", "onednn")
+LLM_STEPS = ("dynamic", "static", "graph")
 _lock = threading.Lock()
 _shared: dict[CosyVoiceSettings, tuple[Any, int]] = {}  # settings -> (LoadedModel, users)
 
@@ -66,6 +70,12 @@ def _context_tokens(raw: str) -> int | None:
 def _cpu_convolutions(raw: str) -> str:
     if raw not in CPU_CONVOLUTIONS:
         raise ValueError(f"one of {', '.join(CPU_CONVOLUTIONS)}")
+    return raw
+
+
+def _llm_step(raw: str) -> str:
+    if raw not in LLM_STEPS:
+        raise ValueError(f"one of {', '.join(LLM_STEPS)}")
     return raw
 
 
@@ -96,6 +106,12 @@ SETTINGS = (
         _cpu_convolutions,
     ),
     EngineSetting(
+        "llm_step",
+        "the batched LLM step: dynamic, static (constant shapes) or graph (a CUDA graph)",
+        "dynamic",
+        _llm_step,
+    ),
+    EngineSetting(
         "batching",
         "run all utterances in one batched worker (on) or each alone (off)",
         True,
@@ -114,6 +130,7 @@ def settings_from(values: Mapping[str, Any]) -> CosyVoiceSettings:
         batching=values.get("batching", True),
         threads=values.get("threads", 1),
         cpu_convolutions=values.get("cpu_convolutions", "native"),
+        llm_step=values.get("llm_step", "dynamic"),
     )
 
 
@@ -194,12 +211,20 @@ def _chunk_tokens(model: Any) -> int:
 def load_speak(values: Mapping[str, Any]) -> Any:
     """The ``cosyvoice`` speak engine, warmed up with one short utterance."""
     settings = settings_from(values)
+    if settings.llm_step == "graph" and not settings.device.startswith("cuda"):
+        raise EngineUnavailable(
+            f"cosyvoice.llm_step=graph needs a CUDA device (cosyvoice.device is {settings.device})"
+        )
     model = acquire(settings)
     from media.engines.cosyvoice.batcher import CosyVoiceBatcher
     from media.engines.cosyvoice.speak import CosyVoiceEngine
 
     chunk, context = _chunk_tokens(model), settings.flow_context_tokens
-    batcher = CosyVoiceBatcher(model, context, chunk) if settings.batching else None
+    batcher = (
+        CosyVoiceBatcher(model, context, chunk, llm_step=settings.llm_step)
+        if settings.batching
+        else None
+    )
     engine = CosyVoiceEngine(model, context, chunk, batcher)
 
     def close() -> None:
