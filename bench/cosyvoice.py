@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.cosyvoice MODEL_DIR [--device cpu|cuda] [--repeat 2]
         [--triton-url HOST:PORT | --triton-standin] [--processes N]
         [--cpu-convolutions native|onednn] [--llm-steps dynamic static graph]
+        [--precision float32|bfloat16|float16]
 
 Runs the engine in-process (no WebRTC), sequential (each utterance alone in its own threads)
 and batched (one worker running every utterance's LLM steps and hops together), on the same
@@ -270,12 +271,19 @@ def main() -> int:
         default=["dynamic"],
         help="the batched LLM step (cosyvoice.llm_step); each after the first adds batched rows",
     )
+    parser.add_argument(
+        "--precision",
+        choices=loader.PRECISIONS,
+        default="float32",
+        help="what the LLM and flow compute in (cosyvoice.precision)",
+    )
     args = parser.parse_args()
     settings = {
         "model": args.model_dir,
         "device": args.device,
         "cpu_convolutions": args.cpu_convolutions,
         "llm_step": args.llm_steps[0],
+        "precision": args.precision,
     }
     engine = loader.load_speak(settings)
     sequential = CosyVoiceEngine(engine.model, engine.context_tokens, engine.chunk)
@@ -321,6 +329,7 @@ def main() -> int:
             "device": args.device,
             "cpu_convolutions": args.cpu_convolutions,
             "llm_steps": args.llm_steps,
+            "precision": args.precision,
             "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
             "rows": rows,
             "flow_per_hop": flow,

@@ -167,8 +167,8 @@ def _step(body: Any, cache: SlotCache, inputs: torch.Tensor, width: int) -> torc
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
         keys = cache.keys[layer_index]
         values = cache.values[layer_index]
-        keys[row_index, :, positions] = key[:, :, 0]
-        values[row_index, :, positions] = value[:, :, 0]
+        keys[row_index, :, positions] = key[:, :, 0].to(keys.dtype)  # autocast: bf16 or fp16
+        values[row_index, :, positions] = value[:, :, 0].to(values.dtype)
         groups = attention.num_key_value_groups
         past_keys = keys[:rows, :, :width].repeat_interleave(groups, dim=1)
         past_values = values[:rows, :, :width].repeat_interleave(groups, dim=1)

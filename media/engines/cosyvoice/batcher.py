@@ -263,7 +263,7 @@ class CosyVoiceBatcher:
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, speech tokens + 3) log-probabilities from final hidden states (rows, hidden)."""
-        return self._llm.llm_decoder(hidden).log_softmax(dim=-1)
+        return self._llm.llm_decoder(hidden).float().log_softmax(dim=-1)
 
     def _sample(self, utterances: list[Utterance], log_probs: torch.Tensor) -> None:
         """Append each utterance's next token (or end its decoding) from its row of log-probs."""
@@ -315,9 +315,10 @@ class CosyVoiceBatcher:
         try:
             with_tokens = [index for index, hop in enumerate(hops) if hop.end > hop.start]
             mels = [torch.zeros(1, MEL_BINS, 0, device=self.model.device) for _ in hops]
-            rendered = flow_mel_batch(
-                self.model.flow, [hops[i] for i in with_tokens], self.context_tokens, self.chunk
-            )
+            with self.model.reduced():
+                rendered = flow_mel_batch(
+                    self.model.flow, [hops[i] for i in with_tokens], self.context_tokens, self.chunk
+                )
             for index, mel in zip(with_tokens, rendered, strict=True):
                 mels[index] = mel
             caches = [utterance.vocoder for utterance in utterances]

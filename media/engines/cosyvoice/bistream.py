@@ -59,7 +59,8 @@ def generate_bistream(
         nonlocal cache
         result = body(inputs_embeds=step_input, past_key_values=cache, use_cache=True)
         cache = result.past_key_values
-        log_probs = llm.llm_decoder(result.last_hidden_state[:, -1]).log_softmax(dim=-1)[0]
+        logits = llm.llm_decoder(result.last_hidden_state[:, -1]).float()
+        log_probs = logits.log_softmax(dim=-1)[0]
         return sample_token(log_probs, out, generator, banned)
 
     with torch.inference_mode():

@@ -50,10 +50,15 @@ class CosyVoiceSettings:
     # How the batched LLM step runs (batch_llm.py): dynamic (a CPU's fastest), static, or
     # graph (the static step as a CUDA graph: a CUDA device only).
     llm_step: str = "dynamic"
+    # What the LLM and the flow compute in (modeldir.LoadedModel.precision): float32, or
+    # bfloat16 / float16 (the LLM's weights in it, the flow under autocast), as CosyVoice's
+    # own runtime runs them on a GPU.
+    precision: str = "float32"
 
 
 CPU_CONVOLUTIONS = ("native", "onednn")
 LLM_STEPS = ("dynamic", "static", "graph")
+PRECISIONS = ("float32", "bfloat16", "float16")
 _lock = threading.Lock()
 _shared: dict[CosyVoiceSettings, tuple[Any, int]] = {}  # settings -> (LoadedModel, users)
 
@@ -76,6 +81,12 @@ def _cpu_convolutions(raw: str) -> str:
 def _llm_step(raw: str) -> str:
     if raw not in LLM_STEPS:
         raise ValueError(f"one of {', '.join(LLM_STEPS)}")
+    return raw
+
+
+def _precision(raw: str) -> str:
+    if raw not in PRECISIONS:
+        raise ValueError(f"one of {', '.join(PRECISIONS)}")
     return raw
 
 
@@ -112,6 +123,12 @@ SETTINGS = (
         _llm_step,
     ),
     EngineSetting(
+        "precision",
+        "what the LLM and flow compute in: float32, bfloat16 or float16",
+        "float32",
+        _precision,
+    ),
+    EngineSetting(
         "batching",
         "run all utterances in one batched worker (on) or each alone (off)",
         True,
@@ -131,6 +148,7 @@ def settings_from(values: Mapping[str, Any]) -> CosyVoiceSettings:
         threads=values.get("threads", 1),
         cpu_convolutions=values.get("cpu_convolutions", "native"),
         llm_step=values.get("llm_step", "dynamic"),
+        precision=values.get("precision", "float32"),
     )
 
 
@@ -160,7 +178,10 @@ def acquire(settings: CosyVoiceSettings) -> Any:
             upstream.torch.set_num_threads(settings.threads)
         if settings.device == "cpu":
             use_cpu_convolutions(upstream.torch, settings.cpu_convolutions)
-        model = load_model(upstream, settings.model_dir, settings.device)
+        precision = None
+        if settings.precision != "float32":
+            precision = getattr(upstream.torch, settings.precision)
+        model = load_model(upstream, settings.model_dir, settings.device, precision)
         log.info(
             "CosyVoice model %s loaded on %s (modules from %s)",
             settings.model_dir,

@@ -13,6 +13,7 @@ it: ``llm``, ``flow``, ``hift`` and the plain values they refer to.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -91,6 +92,19 @@ class LoadedModel:
     speakers: Mapping[str, Speaker]
     sample_rate: int
     device: str
+    # The torch dtype the LLM and the flow compute in; None: float32. The LLM's weights are
+    # stored in it (a decode step reads every weight once: it is memory-bound, and weights
+    # cast on the fly would cost more than they save); the flow runs under autocast to it
+    # (its weights stay float32: its inputs come from outside the model, and autocast casts
+    # at each op). HiFT always runs in float32, as in CosyVoice's own runtime.
+    precision: Any = None
+
+    def reduced(self) -> contextlib.AbstractContextManager[Any]:
+        """The context the flow's calls run in: autocast to ``precision``, if set."""
+        if self.precision is None:
+            return contextlib.nullcontext()
+        device_type = self.device.split(":", 1)[0]
+        return self.upstream.torch.autocast(device_type=device_type, dtype=self.precision)
 
 
 def missing_files(model_dir: Path) -> list[str]:
@@ -173,7 +187,9 @@ def _speaker(info: Mapping[str, Any]) -> Speaker:
     )
 
 
-def load_model(upstream: Upstream, model_dir: Path, device: str = "cpu") -> LoadedModel:
+def load_model(
+    upstream: Upstream, model_dir: Path, device: str = "cpu", precision: Any = None
+) -> LoadedModel:
     """Build the modules from the yaml and load their weights; errors name the file."""
     torch = upstream.torch
     config_text = (model_dir / CONFIG_FILE).read_text(encoding="utf-8")
@@ -197,6 +213,8 @@ def load_model(upstream: Upstream, model_dir: Path, device: str = "cpu") -> Load
         except RuntimeError as exc:
             raise EngineUnavailable(f"{model_dir / (name + '.pt')} does not fit: {exc}") from exc
         modules[name] = module.to(device).eval()
+    if precision is not None:
+        modules["llm"] = modules["llm"].to(precision)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir / QWEN_DIR))
@@ -220,4 +238,5 @@ def load_model(upstream: Upstream, model_dir: Path, device: str = "cpu") -> Load
         speakers=speakers,
         sample_rate=int(config.get("sample_rate", modules["hift"].sampling_rate)),
         device=device,
+        precision=precision,
     )

@@ -62,9 +62,10 @@ def stream_speech(
             end = len(tokens)
         if end > start:
             first = start - stream.schedule.redo_tokens
-            mel = flow_mel(
-                model.flow, prompt.flow, tokens, first, end, not complete, context_tokens, chunk
-            )
+            with model.reduced():
+                mel = flow_mel(
+                    model.flow, prompt.flow, tokens, first, end, not complete, context_tokens, chunk
+                ).float()
             if first < start:
                 stream.vocoder.replace_held_mel()
         else:

@@ -66,7 +66,8 @@ def generate_tokens(
                 return
             result = body(inputs_embeds=step_input, past_key_values=cache, use_cache=True)
             cache = result.past_key_values
-            log_probs = llm.llm_decoder(result.last_hidden_state[:, -1]).log_softmax(dim=-1)[0]
+            logits = llm.llm_decoder(result.last_hidden_state[:, -1]).float()
+            log_probs = logits.log_softmax(dim=-1)[0]
             token = sample_token(log_probs, out, generator, banned_tokens(eos, step, min_len))
             if token == eos:
                 return

@@ -190,9 +190,18 @@ class CosyVoiceVcEngine(TransformEngine[VcState]):
             return np.zeros(0, np.float32)
         # The whole phrase is known, so the flow attends over all of it, as upstream's
         # non-streaming path does.
-        mel = flow_mel(
-            self.model.flow, prompt.flow, tokens, 0, len(tokens), True, None, CHUNK_TOKENS, False
-        )
+        with self.model.reduced():
+            mel = flow_mel(
+                self.model.flow,
+                prompt.flow,
+                tokens,
+                0,
+                len(tokens),
+                True,
+                None,
+                CHUNK_TOKENS,
+                False,
+            ).float()
         return vocode(self.model.hift, VocoderCache(), mel, final=True)
 
     def _collect(self, state: VcState) -> None:
