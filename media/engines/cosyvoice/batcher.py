@@ -18,9 +18,9 @@ threads compete for the same cores. Here one thread per loaded model runs a loop
    started together, admitted over two passes, with oneDNN's convolutions: first audio 245,
    246, 246 and 331 ms);
 4. one LLM step for every utterance still generating, each sampled with its session's own
-   generator. ``llm_step`` picks how: ``dynamic`` over the rows in use and
-   the longest one's length (a CPU's fastest), ``static`` over the cache's whole capacity
-   (constant shapes), ``graph`` the static step captured as a CUDA graph (a GPU's).
+   generator. ``llm_step`` picks how: ``dynamic`` over the rows in use and the longest
+   one's length (a CPU's fastest), ``static`` over the cache's whole capacity (constant
+   shapes), ``graph`` the static step captured as a CUDA graph (a GPU's).
 
 A pass is one token step plus at most one render, so a cancel is seen within one step, a new
 utterance waits at most one render before its prefill, and no utterance's hops wait behind
