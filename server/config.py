@@ -45,6 +45,9 @@ class Settings:
     # "none" (each process loads its own) or "unix:PATH" (a host already running there).
     model_host: str = "auto"
     host_loops: int = 0  # the host's compute threads for engines without a batch loop; 0: cores
+    # A second model host, loaded and listening, that takes over at once when the serving one
+    # dies (a new host takes 1-3 s to load); 0: none (half the host memory, a slower restart).
+    spare_host: int = 1
     # Which hostable engines the model host runs; empty: those hosted by default (the speak
     # engines; EnginePlugin.hosted_by_default).
     host_engines: tuple[str, ...] = ()
@@ -131,6 +134,12 @@ SERVE_FLAGS = (
         "none (in every worker) or unix:PATH (a running host; default auto)",
     ),
     _Flag("host-loops", "the model host's compute threads (default 0: one per core)", int),
+    _Flag(
+        "spare-host",
+        "1: a warm second model host takes over at once when the serving one dies; 0: none "
+        "(default 1)",
+        int,
+    ),
     _Flag(
         "host-engines",
         "engines the model host runs (default: piper, cosyvoice; denoise can be added)",
@@ -320,6 +329,8 @@ def _validate(settings: Settings) -> None:
             f"--model-host ({ENV_PREFIX}MODEL_HOST) must be auto, none or unix:PATH, "
             f"got {settings.model_host!r}"
         )
+    if settings.spare_host not in (0, 1):
+        raise SettingsError(f"--spare-host ({ENV_PREFIX}SPARE_HOST) must be 0 or 1")
     if settings.host_loops < 0:
         raise SettingsError(f"--host-loops ({ENV_PREFIX}HOST_LOOPS) must be >= 0")
     if settings.engine_threads < 1:

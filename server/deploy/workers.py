@@ -96,6 +96,7 @@ class Front:
     restarts: int = 0
     on_restart: Callable[[], None] | None = None
     host: subprocess.Popen[bytes] | None = None  # the model host, when the front runs one
+    spare_host: subprocess.Popen[bytes] | None = None  # loaded, on ``spare_host_socket``
     host_restarts: int = 0
     _poller: asyncio.Task[None] | None = None
     _host_watch: asyncio.Task[None] | None = None
@@ -109,11 +110,14 @@ class Front:
         if self.settings.model_host == "auto" and hostable_names(self.settings):
             self._spawn_host()
             await self._wait_for_host()
+            if self.settings.spare_host:  # it loads while the workers do
+                self.spare_host = self._host_process(self.spare_host_socket)
         for _ in range(self.settings.workers):
             self._spawn(serving=True)
         for _ in range(self.spares_wanted):
             self._spawn(serving=False)
         await asyncio.gather(*(self._connect(worker) for worker in self.workers))
+        await self._wait_for_spare_host()
         await self._read_engines(self.workers[0])
         self._poller = asyncio.create_task(self._poll_load())
         if self.host is not None:
@@ -132,6 +136,10 @@ class Front:
         return os.path.join(self._tmp.name, "host.sock")
 
     @property
+    def spare_host_socket(self) -> str:
+        return self.host_socket + ".spare"
+
+    @property
     def host_down(self) -> bool:
         """The front runs a model host and it is not serving (exited, or still loading)."""
         if self.host is None:
@@ -139,10 +147,13 @@ class Front:
         return self.host.poll() is not None or not Path(self.host_socket).exists()
 
     def _spawn_host(self) -> None:
+        self.host = self._host_process(self.host_socket)
+
+    def _host_process(self, socket_path: str) -> subprocess.Popen[bytes]:
         # A socket left by a host that was killed would look like a host that serves.
-        Path(self.host_socket).unlink(missing_ok=True)
-        command = [sys.executable, "-m", "server", "host", "--socket", self.host_socket]
-        self.host = subprocess.Popen([*command, "--with-parent", *self.worker_args])
+        Path(socket_path).unlink(missing_ok=True)
+        command = [sys.executable, "-m", "server", "host", "--socket", socket_path]
+        return subprocess.Popen([*command, "--with-parent", *self.worker_args])
 
     async def _wait_for_host(self) -> None:
         loop = asyncio.get_running_loop()
@@ -156,18 +167,43 @@ class Front:
             await asyncio.sleep(0.05)
         log.info("front: model host ready on %s", self.host_socket)
 
+    async def _wait_for_spare_host(self) -> None:
+        """Ready means ready to take over: a spare that fails to start is only logged (the
+        host is then restarted the slow way, and the spare tried again)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WORKER_START_TIMEOUT_S
+        while self.spare_host is not None and not Path(self.spare_host_socket).exists():
+            if self.spare_host.poll() is not None or loop.time() > deadline:
+                log.warning("front: the spare model host did not start")
+                return
+            await asyncio.sleep(0.05)
+
     async def _watch_host(self) -> None:
         while not self.draining:
             self._supervise_host()
             await asyncio.sleep(HOST_POLL_SECONDS)
 
     def _supervise_host(self) -> None:
-        """Start a new host at once when it exited: the workers' links reconnect to it."""
-        if self.host is None or self.host.poll() is None:
+        """When the host exited, the spare takes over at once if it is up (its socket is
+        renamed into the host's place: a listening Unix socket keeps its connections and
+        is found under its new name), else a new host starts; the workers' links reconnect
+        to whichever it is. A spare is kept loaded beside it."""
+        if self.host is None:
             return
-        log.error("front: the model host exited with %s; restarting it", self.host.returncode)
-        self.host_restarts += 1
-        self._spawn_host()
+        if self.host.poll() is not None:
+            log.error("front: the model host exited with %s", self.host.returncode)
+            self.host_restarts += 1
+            spare = self.spare_host
+            if spare is not None and spare.poll() is None and Path(self.spare_host_socket).exists():
+                os.replace(self.spare_host_socket, self.host_socket)
+                self.host, self.spare_host = spare, None
+                log.info("front: the spare model host (pid %d) serves now", spare.pid)
+            else:
+                self._spawn_host()
+        if self.settings.spare_host and (
+            self.spare_host is None or self.spare_host.poll() is not None
+        ):
+            self.spare_host = self._host_process(self.spare_host_socket)
 
     # --- workers ---------------------------------------------------------------------------
 
@@ -338,13 +374,15 @@ class Front:
 
     async def _stop_host(self) -> None:
         """After the workers: their last utterances were spoken by it."""
-        if self.host is None or self.host.poll() is not None:
-            return
-        self.host.terminate()
-        try:
-            await asyncio.to_thread(self.host.wait, 15)
-        except subprocess.TimeoutExpired:
-            self.host.kill()
+        hosts = [host for host in (self.host, self.spare_host) if host is not None]
+        for host in hosts:
+            if host.poll() is None:
+                host.terminate()
+        for host in hosts:
+            try:
+                await asyncio.to_thread(host.wait, 15)
+            except subprocess.TimeoutExpired:
+                host.kill()
 
     def _wait_exit(self, worker: Worker) -> None:
         """Runs in a thread: a worker gets its drain timeout, plus time to close up."""
