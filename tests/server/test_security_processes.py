@@ -187,7 +187,7 @@ async def test_front_checks_tokens_limits_offers_and_passes_the_token_on(
     processes = children(pid)
     workers = [argv for argv in processes if "worker" in argv]
     assert len(workers) == 2
-    assert len(processes) == 3  # and the model host, which serves no HTTP
+    assert len(processes) == 4  # and the model host and its spare, which serve no HTTP
     for argv in workers:
         last = len(argv) - 1 - argv[::-1].index("--rate-limit")
         assert argv[last + 1] == "0"  # the front limits, for all of them
