@@ -42,6 +42,7 @@ def measure(workers: int, host: str, model: str) -> dict[str, Any]:
     port = free_port()
     command = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1"]
     command += ["--port", str(port), "--workers", str(workers), "--spare-workers", "0"]
+    command += ["--spare-host", "0"]  # one host: the figure is one copy of the models
     command += ["--engines", "echo", "piper", "cosyvoice", "--engine", "echo"]
     command += ["--cosyvoice-model", model, "--model-host", host]
     with spawned_server(command, port, core=None, ready_path="engines", ready_timeout=300) as s:
