@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,22 +72,15 @@ def _context_tokens(raw: str) -> int | None:
     return tokens
 
 
-def _cpu_convolutions(raw: str) -> str:
-    if raw not in CPU_CONVOLUTIONS:
-        raise ValueError(f"one of {', '.join(CPU_CONVOLUTIONS)}")
-    return raw
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A setting's parser that takes one of ``choices``, as written."""
 
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ValueError(f"one of {', '.join(choices)}")
+        return raw
 
-def _llm_step(raw: str) -> str:
-    if raw not in LLM_STEPS:
-        raise ValueError(f"one of {', '.join(LLM_STEPS)}")
-    return raw
-
-
-def _precision(raw: str) -> str:
-    if raw not in PRECISIONS:
-        raise ValueError(f"one of {', '.join(PRECISIONS)}")
-    return raw
+    return parse
 
 
 def _threads(raw: str) -> int:
@@ -114,19 +107,19 @@ SETTINGS = (
         "cpu_convolutions",
         "convolution kernels on a CPU: native (torch's own) or onednn",
         "native",
-        _cpu_convolutions,
+        _one_of(CPU_CONVOLUTIONS),
     ),
     EngineSetting(
         "llm_step",
         "the batched LLM step: dynamic, static (constant shapes) or graph (a CUDA graph)",
         "dynamic",
-        _llm_step,
+        _one_of(LLM_STEPS),
     ),
     EngineSetting(
         "precision",
         "what the LLM and flow compute in: float32, bfloat16 or float16",
         "float32",
-        _precision,
+        _one_of(PRECISIONS),
     ),
     EngineSetting(
         "batching",
