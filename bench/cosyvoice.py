@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.cosyvoice MODEL_DIR [--device cpu|cuda] [--repeat 2]
         [--triton-url HOST:PORT | --triton-standin] [--processes N]
         [--cpu-convolutions native|onednn] [--llm-steps dynamic static graph]
-        [--precision float32|bfloat16|float16]
+        [--precision float32|bfloat16|float16] [--batch-loops N]
 
 Runs the engine in-process (no WebRTC), sequential (each utterance alone in its own threads)
 and batched (one worker running every utterance's LLM steps and hops together), on the same
@@ -21,7 +21,10 @@ against upstream's full recompute. Results go to bench/results/cosyvoice.json.
 process per core runs it: each loads the model, the streams of a level are split evenly
 between them, and every process starts its share at the same moment (a barrier), so the
 batch workers run side by side on their own cores. CPU seconds per audio second add up all
-of them.
+of them. ``--batch-loops N`` adds rows for one engine with ``cosyvoice.batch_loops=N``:
+the engine itself places each utterance on the least-loaded of its N loops (the first in
+this process, the others in processes of their own), as a model host runs it; its CPU
+column counts this process only, not the loop processes.
 """
 
 from __future__ import annotations
@@ -277,6 +280,12 @@ def main() -> int:
         default="float32",
         help="what the LLM and flow compute in (cosyvoice.precision)",
     )
+    parser.add_argument(
+        "--batch-loops",
+        type=int,
+        default=1,
+        help="also run an engine with this many batch loops (cosyvoice.batch_loops)",
+    )
     args = parser.parse_args()
     settings = {
         "model": args.model_dir,
@@ -293,6 +302,9 @@ def main() -> int:
         engines[f"batched-{step}"] = CosyVoiceEngine(
             engine.model, engine.context_tokens, engine.chunk, batcher
         )
+    if args.batch_loops > 1:
+        looped = {**settings, "batch_loops": args.batch_loops}
+        engines[f"batched x{args.batch_loops} loops"] = loader.load_speak(looped)
     with contextlib.ExitStack() as stack:
         url = args.triton_url
         if args.triton_standin:
@@ -330,6 +342,7 @@ def main() -> int:
             "cpu_convolutions": args.cpu_convolutions,
             "llm_steps": args.llm_steps,
             "precision": args.precision,
+            "batch_loops": args.batch_loops,
             "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
             "rows": rows,
             "flow_per_hop": flow,
@@ -339,6 +352,8 @@ def main() -> int:
     for name, other in engines.items():
         if name.startswith("batched-"):
             other.shutdown()
+        elif name.endswith(" loops"):
+            other.close()
     engine.close()
     return 0
 

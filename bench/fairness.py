@@ -1,6 +1,7 @@
 """Speak engines share a worker fairly: first audio for 8 callers at once vs 1 alone.
 
-    python -m bench.fairness [--engine piper] [--callers 8] [--repeat 3] [-- SERVER FLAGS]
+    python -m bench.fairness [--engine piper] [--callers 8] [--repeat 3] [--name NAME]
+                             [-- SERVER FLAGS]
 
 One server process (``--workers 1``; its engine threads may use every core unless
 ``--pin`` puts it on core 0 and this client on core 1). Each round
@@ -9,7 +10,7 @@ a caller's first audio is the server's own figure (``first_audio_ms``: text rece
 first frame leaving on the track, from ``GET /sessions/{id}``). A single caller alone is
 measured in the same run, between the rounds, so the machine's drift cancels. Prints p50
 and max over all rounds and their ratio to the single caller's p50; writes
-bench/results/fairness_<engine>.json.
+bench/results/fairness_<engine>.json (or NAME.json).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def main() -> int:
     parser.add_argument("--engine", default="piper")
     parser.add_argument("--callers", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--name", help="results file: bench/results/NAME.json")
     parser.add_argument("--pin", action="store_true", help="server on core 0, client on 1")
     parser.add_argument("server_flags", nargs="*", help="extra serve flags, after --")
     args = parser.parse_args()
@@ -103,7 +105,7 @@ def main() -> int:
         )
     print_table(rows, list(rows[0]))
     path = write_results(
-        f"fairness_{args.engine}",
+        args.name or f"fairness_{args.engine}",
         {"engine": args.engine, "callers": args.callers, "rows": rows, "raw": results},
     )
     print(f"wrote {path}", file=sys.stderr)

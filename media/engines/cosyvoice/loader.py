@@ -54,6 +54,9 @@ class CosyVoiceSettings:
     # bfloat16 / float16 (the LLM's weights in it, the flow under autocast), as CosyVoice's
     # own runtime runs them on a GPU.
     precision: str = "float32"
+    # Batch loops on a CPU device: the first in this process, each further one in a process
+    # of its own (loop_process.py), utterances placed on the least-loaded.
+    batch_loops: int = 1
 
 
 CPU_CONVOLUTIONS = ("native", "onednn")
@@ -81,6 +84,13 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
         return raw
 
     return parse
+
+
+def _loops(raw: str) -> int:
+    loops = int(raw)
+    if loops < 1:
+        raise ValueError("a number of batch loops, at least 1")
+    return loops
 
 
 def _threads(raw: str) -> int:
@@ -122,6 +132,12 @@ SETTINGS = (
         _one_of(PRECISIONS),
     ),
     EngineSetting(
+        "batch_loops",
+        "batch loops on a CPU, each after the first in a process of its own",
+        1,
+        _loops,
+    ),
+    EngineSetting(
         "batching",
         "run all utterances in one batched worker (on) or each alone (off)",
         True,
@@ -142,6 +158,7 @@ def settings_from(values: Mapping[str, Any]) -> CosyVoiceSettings:
         cpu_convolutions=values.get("cpu_convolutions", "native"),
         llm_step=values.get("llm_step", "dynamic"),
         precision=values.get("precision", "float32"),
+        batch_loops=values.get("batch_loops", 1),
     )
 
 
@@ -223,12 +240,35 @@ def _chunk_tokens(model: Any) -> int:
 
 
 def load_speak(values: Mapping[str, Any]) -> Any:
-    """The ``cosyvoice`` speak engine, warmed up with one short utterance."""
+    """The ``cosyvoice`` speak engine, warmed up with one short utterance; with
+    ``batch_loops`` above 1, its further loops' processes loading beside it."""
     settings = settings_from(values)
     if settings.llm_step == "graph" and not settings.device.startswith("cuda"):
         raise EngineUnavailable(
             f"cosyvoice.llm_step=graph needs a CUDA device (cosyvoice.device is {settings.device})"
         )
+    if settings.batch_loops > 1 and (settings.device != "cpu" or not settings.batching):
+        raise EngineUnavailable(
+            "cosyvoice.batch_loops above 1 is for batching on a CPU device (one loop per GPU)"
+        )
+    from media.engines.cosyvoice.loop_process import LoopProcess
+
+    loops = [LoopProcess(values) for _ in range(settings.batch_loops - 1)]
+    try:
+        engine = load_batched_engine(values)
+        for loop in loops:
+            loop.wait_ready()
+    except BaseException:
+        for loop in loops:
+            loop.close()
+        raise
+    engine.add_loops(loops)
+    return engine
+
+
+def load_batched_engine(values: Mapping[str, Any]) -> Any:
+    """The engine with its model and (unless batching is off) one batch loop, warmed up."""
+    settings = settings_from(values)
     model = acquire(settings)
     from media.engines.cosyvoice.batcher import CosyVoiceBatcher
     from media.engines.cosyvoice.speak import CosyVoiceEngine

@@ -36,6 +36,7 @@ from media.engines.base import (
 )
 from media.engines.cosyvoice.batcher import CosyVoiceBatcher, Utterance
 from media.engines.cosyvoice.bistream import generate_bistream
+from media.engines.cosyvoice.loop_process import LoopProcess, RemoteUtterance
 from media.engines.cosyvoice.modeldir import LoadedModel
 from media.engines.cosyvoice.prompts import (
     SpeakerPrompt,
@@ -69,7 +70,7 @@ class CosyVoiceState:
     generator: torch.Generator
     first_hop_tokens: int
     stream: UtteranceStream | None = None  # the utterance in progress, sequential path
-    batched: Utterance | None = None  # the utterance in progress, batched path
+    batched: Utterance | RemoteUtterance | None = None  # the utterance in progress, batched
     # The last utterance, for stats and tests: hops taken, when its first chunk was ready
     # and when synthesis ended (time.monotonic()).
     last_hops: tuple[int, ...] = ()
@@ -95,6 +96,7 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
         self.context_tokens = context_tokens
         self.chunk = chunk
         self.batcher = batcher
+        self.loop_processes: list[LoopProcess] = []  # further batch loops (loop_process.py)
         self._speakers = {
             name: prompt_from_speaker(speaker) for name, speaker in model.speakers.items()
         } or {NEUTRAL_SPEAKER: neutral_prompt()}
@@ -153,6 +155,17 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
         """Utterances being synthesised right now, across sessions."""
         with self._lock:
             return self._streams
+
+    def add_loops(self, loops: list[LoopProcess]) -> None:
+        """Place utterances on ``loops`` too (each a batch loop in a process of its own)."""
+        self.loop_processes.extend(loops)
+
+    def _least_loaded(self) -> CosyVoiceBatcher | LoopProcess:
+        """The batch loop with the fewest utterances (this process's own on a tie)."""
+        assert self.batcher is not None
+        loops: list[CosyVoiceBatcher | LoopProcess] = [self.batcher]
+        loops += [loop for loop in self.loop_processes if loop.alive]
+        return min(loops, key=lambda loop: loop.active)
 
     def new_state(self, options: Mapping[str, Any]) -> CosyVoiceState:
         seed = options["seed"]
@@ -238,10 +251,10 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
     def _batched(
         self, state: CosyVoiceState, request: LlmRequest, cancel: threading.Event
     ) -> Iterator[np.ndarray]:
-        """Run one utterance in the shared batch worker (``batcher.py``)."""
-        assert self.batcher is not None
+        """Run one utterance in the least-loaded batch loop (``batcher.py``)."""
         schedule = HopSchedule(self.chunk, state.prompt.flow.length, state.first_hop_tokens)
-        utterance = self.batcher.speak(request, state.prompt, state.generator, schedule, cancel)
+        loop = self._least_loaded()
+        utterance = loop.speak(request, state.prompt, state.generator, schedule, cancel)
         state.batched, state.first_chunk_at, state.finished_at = utterance, None, None
         with self._lock:
             self._streams += 1
@@ -267,6 +280,8 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
             batched.left.set()
 
     def shutdown(self) -> None:
-        """Stop the batch worker, if any (the model itself is released by the loader)."""
+        """Stop the batch loops, if any (the model itself is released by the loader)."""
         if self.batcher is not None:
             self.batcher.close()
+        for loop in self.loop_processes:
+            loop.close()
