@@ -36,7 +36,14 @@ Double talk: AEC3's suppressor lets the caller's words through 3-4 dB down while
 keeps playing, but tends to mute the first word or two, so a barge-in over our speech is
 detected 0.25-1.2 s after the caller starts rather than the ~0.2 s it takes in silence.
 
-Cost: see ``FRAME_COST_US``. Each session owns its native instance; instances are not
+Cost: see ``FRAME_COST_US``, the same for every kind of frame, our silence included. While
+we say nothing there is nothing to cancel, so once every reference sample paired with the
+microphone for ``QUIET_TAIL_MS`` (longer than the longest echo path AEC3 locks on to, above)
+has been zero, ``capture`` hands the microphone's audio on as it is and AEC3 is not called.
+Both streams are left out alike, so AEC3 sees them just as aligned when we speak again, its
+filters as it left them and the reference history before it zeros, as it was. A speak session
+that listens more than it speaks pays for the canceller only while it speaks.
+Each session owns its native instance; instances are not
 thread-safe, but one session's calls never overlap, and the binding releases the GIL around
 its loop over the 10 ms frames, so sessions on a thread pool run in parallel.
 """
@@ -59,6 +66,7 @@ STREAM_DELAY_HINT_MS = 0
 # ~1.5 % of a core in real time; a render costs 5-20 us. Speech, echo, double talk and
 # silence cost the same (230-235 us at best).
 FRAME_COST_US = 240
+QUIET_TAIL_MS = 700.0
 
 
 def _samples(ms: float) -> int:
@@ -86,8 +94,11 @@ class EchoCanceller:
             self._delay_line.write(np.zeros(self._reference_delay, np.float32))
         self._pending = np.zeros(BLOCK, np.float32)  # microphone samples short of a block
         self._filled = 0
+        self._quiet_tail = _samples(QUIET_TAIL_MS)
+        self._quiet = self._quiet_tail  # paired reference samples that were zero, in a row
         self.reference_dropped = 0  # rendered samples no capture paired with
         self.reference_missing = 0  # captured samples paired with silence for lack of one
+        self.blocks_passed = 0  # 10 ms blocks handed on as they came: nothing to cancel
 
     def render(self, reference: np.ndarray) -> None:
         """Queue reference audio at the moment it is sent to the caller."""
@@ -111,6 +122,14 @@ class EchoCanceller:
         reference = np.zeros(usable, np.float32)
         got = self._queue.read(usable, reference).size
         self.reference_missing += usable - got
+        speaking = np.flatnonzero(reference)
+        if speaking.size:
+            self._quiet = usable - 1 - int(speaking[-1])
+        else:
+            self._quiet += usable
+        if self._quiet >= self._quiet_tail + usable:  # no echo can be in these blocks
+            self.blocks_passed += usable // BLOCK
+            return mic[:usable].copy()
         return self._aec.process(np.ascontiguousarray(mic[:usable]), reference)
 
     def reset(self) -> None:
@@ -121,3 +140,4 @@ class EchoCanceller:
             self._delay_line.clear()
             self._delay_line.write(np.zeros(self._reference_delay, np.float32))
         self._filled = 0
+        self._quiet = self._quiet_tail

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from media.audio.aec import BLOCK, EchoCanceller
+from media.audio.aec import BLOCK, QUIET_TAIL_MS, EchoCanceller
 from media.audio.vad import SileroVad, SpeechDetector, SpeechEventKind
 from peer.speech import espeak
 
@@ -209,6 +209,36 @@ def test_reference_queue_is_bounded() -> None:
     for _ in range(5):
         assert canceller.capture(np.zeros(CHUNK, np.float32)).size == CHUNK
     assert canceller.reference_missing == 2 * CHUNK
+
+
+def test_while_we_say_nothing_the_microphone_passes_as_it_came(call: Call) -> None:
+    """Nothing sent, nothing to cancel: AEC3 is not called (it costs the same either way)."""
+    canceller = EchoCanceller()
+    mic = call.noise[: 2 * RATE] + call.interruption[: 2 * RATE] * 0.1
+    out = [canceller.capture(mic[i : i + CHUNK]) for i in range(0, mic.size, CHUNK)]
+    np.testing.assert_array_equal(np.concatenate(out), mic)
+    assert canceller.blocks_passed == mic.size // BLOCK
+
+
+def test_echo_is_cancelled_through_our_silences(call: Call) -> None:
+    """Speech, 3 s of our silence (longer than the quiet tail), speech again: AEC3 sits out
+    the silence but its echo tail, and cancels the second reply as well as the first."""
+    gap = np.zeros(3 * RATE, np.float32)
+    reference = np.concatenate([call.reply, gap, call.reply])
+    echo = _room(reference, 250.0, ECHO_GAIN_DB)
+    mic = (echo + np.resize(call.noise, echo.size)).astype(np.float32)
+    canceller = EchoCanceller()
+    out = np.zeros_like(mic)
+    for i in range(0, mic.size - CHUNK + 1, CHUNK):
+        canceller.render(reference[i : i + CHUNK])
+        out[i : i + CHUNK] = canceller.capture(mic[i : i + CHUNK])
+    passed_s = canceller.blocks_passed * BLOCK / RATE
+    assert gap.size / RATE - QUIET_TAIL_MS / 1000 - 0.05 <= passed_s <= gap.size / RATE
+    again = call.reply.size + gap.size
+    second = slice(again, mic.size)
+    assert _suppression_db(echo[second], mic[second], out[second], 0.0) > SUPPRESSION_DB
+    first = slice(0, again)  # the first reply's echo to its end, then the silence
+    assert _suppression_db(echo[first], mic[first], out[first], CONVERGED_S) > SUPPRESSION_DB
 
 
 def test_rejects_a_lead_shorter_than_a_block() -> None:
