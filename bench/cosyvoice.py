@@ -24,7 +24,7 @@ batch workers run side by side on their own cores. CPU seconds per audio second 
 of them. ``--batch-loops N`` adds rows for one engine with ``cosyvoice.batch_loops=N``:
 the engine itself places each utterance on the least-loaded of its N loops (the first in
 this process, the others in processes of their own), as a model host runs it; its CPU
-column counts this process only, not the loop processes.
+column adds up this process and the loop processes.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import ROOT, percentile, print_table, write_results
+from bench.common import ROOT, percentile, print_table, process_cpu_seconds, write_results
 from media.engines.cosyvoice import loader
 from media.engines.cosyvoice.batcher import CosyVoiceBatcher
 from media.engines.cosyvoice.flow_window import flow_mel
@@ -100,12 +100,15 @@ def concurrency_rows(
 
 
 def streams_row(engine: Any, streams: int, repeat: int) -> dict[str, Any]:
-    """``streams`` utterances started together, ``repeat`` times: latency, RTF, CPU."""
+    """``streams`` utterances started together, ``repeat`` times: latency, RTF, CPU (this
+    process's and the engine's loop processes', if it has any)."""
     results: list[dict[str, float]] = []
-    cpu_began = time.process_time()
+    loops = [loop.pid for loop in getattr(engine, "loop_processes", ())]
+    cpu_began = time.process_time() + sum(map(process_cpu_seconds, loops))
     for run in range(repeat):
         run_together(engine, [run * 100 + i for i in range(streams)], results)
-    return summary_row(streams, results, time.process_time() - cpu_began)
+    cpu = time.process_time() + sum(map(process_cpu_seconds, loops)) - cpu_began
+    return summary_row(streams, results, cpu)
 
 
 def run_together(engine: Any, seeds: list[int], out: list[dict[str, float]]) -> None:
