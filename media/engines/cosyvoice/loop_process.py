@@ -45,7 +45,7 @@ from media.engines.cosyvoice.tokens import LlmFailed, LlmRequest
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0  # a spawned process imports torch and loads the model
-WATCH_S = 0.005  # how often cancels are looked for (a batched LLM step takes a few ms)
+WATCH_S = 0.01  # how often cancels are looked for, while there are utterances
 STOP_JOIN_S = 5.0
 _END = object()
 
@@ -65,13 +65,11 @@ class RemoteUtterance:
         return self.cancel.is_set() or self.left.is_set()
 
     def audio(self) -> Iterator[np.ndarray]:
-        """The chunks as the process sends them; ends early once cancelled."""
+        """The chunks as the process sends them; ends early once cancelled (the process
+        ends it within a step of the cancel reaching it, or fails it if it dies)."""
         try:
             while not self.stopped:
-                try:
-                    item = self.output.get(timeout=WATCH_S * 10)
-                except queue.Empty:
-                    continue
+                item = self.output.get()
                 if item is _END or self.stopped:
                     return
                 if isinstance(item, BaseException):
@@ -96,6 +94,7 @@ class LoopProcess:
         self._conn = Connection(ours.detach())
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
+        self._busy = threading.Condition(self._lock)  # there are utterances to watch
         self._utterances: dict[int, RemoteUtterance] = {}
         self._ids = itertools.count(1)
         self._alive = False
@@ -147,6 +146,7 @@ class LoopProcess:
                 raise LlmFailed("the CosyVoice loop process has stopped")
             number = next(self._ids)
             self._utterances[number] = utterance
+            self._busy.notify()
         try:
             self._send(("speak", number, job))
         except OSError as exc:
@@ -155,7 +155,9 @@ class LoopProcess:
 
     def close(self) -> None:
         self._closed.set()
-        self._alive = False
+        with self._busy:
+            self._alive = False
+            self._busy.notify()
         if self._process.poll() is None:
             try:
                 self._send(("close", 0, None))
@@ -192,8 +194,13 @@ class LoopProcess:
                 utterance.output.put(LlmFailed(f"speech synthesis failed: {detail}"))
 
     def _watch(self) -> None:
+        """Send on the cancels, looking every ``WATCH_S`` while there are utterances (an idle
+        thread that woke 100 times a second would take the GIL from the batch loop here)."""
         while not self._closed.wait(WATCH_S):
-            with self._lock:
+            with self._busy:
+                self._busy.wait_for(lambda: bool(self._utterances) or not self._alive)
+                if not self._alive:
+                    return
                 stopping = [
                     (number, utterance)
                     for number, utterance in self._utterances.items()
@@ -208,9 +215,10 @@ class LoopProcess:
 
     def _lost(self, cause: BaseException) -> None:
         """The process is gone: end what it held, and take no more."""
-        with self._lock:
+        with self._busy:
             was_alive, self._alive = self._alive, False
             lost, self._utterances = list(self._utterances.values()), {}
+            self._busy.notify()
         if was_alive and not self._closed.is_set():
             log.warning("a CosyVoice loop process (pid %s) exited: %s", self.pid, cause)
         for utterance in lost:
