@@ -13,10 +13,11 @@ utterance here looks to it like one in the process's own batcher: ``audio()`` yi
 chunks, ``left`` is set once the listener is gone. What crosses the pipe per utterance is its
 request, its voice prompt and its random generator's state, then one message per rendered
 chunk (a hop, 0.4-4 s of audio, not a 20 ms frame) and, at the end, the generator's state,
-written back into the session's generator: a seeded session speaks the same wherever its
-utterances ran. A cancel (or the listener leaving) is sent on within ``WATCH_S``; the loop
+written back into the session's generator: a seeded session draws the same tokens wherever
+its utterances run (the vocoder's excitation noise comes from each process's torch
+generator, in one process as in several). A cancel (or the listener leaving) is sent on within ``WATCH_S``; the loop
 drops the utterance at its next step. If the process dies, its utterances end with
-``LlmFailed`` and the engine places no more on it.
+``LlmFailed``, the engine places no more on it and starts another in its place.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class LoopProcess:
     """The parent's end of one loop process: places utterances there and relays its audio."""
 
     def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = dict(values)  # the engine's settings, for a replacement
         ours, theirs = socket.socketpair()
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         self._process = subprocess.Popen(

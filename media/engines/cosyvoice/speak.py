@@ -17,6 +17,7 @@ blocking iterator (ended by ``flush`` or ``interrupt``) instead of splitting sen
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -52,8 +53,10 @@ from media.engines.cosyvoice.schedule import (
     HopSchedule,
 )
 from media.engines.cosyvoice.synthesis import UtteranceStream, stream_speech
-from media.engines.cosyvoice.tokens import LlmRequest, TokenStream, generate_tokens
+from media.engines.cosyvoice.tokens import LlmFailed, LlmRequest, TokenStream, generate_tokens
 from media.engines.cosyvoice.vocoder import SAMPLES_PER_FRAME
+
+log = logging.getLogger(__name__)
 
 NEUTRAL_SPEAKER = "neutral"  # offered when spk2info.pt has no speakers
 PROMPT_SPEAKER = "prompt"  # what ``speaker`` reads after a prompt clip was set
@@ -97,6 +100,8 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
         self.chunk = chunk
         self.batcher = batcher
         self.loop_processes: list[LoopProcess] = []  # further batch loops (loop_process.py)
+        self._replacing: list[LoopProcess] = []  # dead loops whose replacements are starting
+        self._shut = False
         self._speakers = {
             name: prompt_from_speaker(speaker) for name, speaker in model.speakers.items()
         } or {NEUTRAL_SPEAKER: neutral_prompt()}
@@ -164,8 +169,40 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
         """The batch loop with the fewest utterances (this process's own on a tie)."""
         assert self.batcher is not None
         loops: list[CosyVoiceBatcher | LoopProcess] = [self.batcher]
-        loops += [loop for loop in self.loop_processes if loop.alive]
+        for loop in list(self.loop_processes):
+            if loop.alive:
+                loops.append(loop)
+            else:
+                self._replace(loop)
         return min(loops, key=lambda loop: loop.active)
+
+    def _replace(self, dead: LoopProcess) -> None:
+        """Start a loop process in place of ``dead``, once; the other loops serve meanwhile."""
+        with self._lock:
+            if self._shut or dead in self._replacing:
+                return
+            self._replacing.append(dead)
+        threading.Thread(
+            target=self._start_replacement, args=(dead,), name="cosyvoice-loop-start", daemon=True
+        ).start()
+
+    def _start_replacement(self, dead: LoopProcess) -> None:
+        try:
+            fresh = LoopProcess(dead.values)
+            fresh.wait_ready()
+        except LlmFailed as exc:  # tried again at a later placement
+            log.warning("a CosyVoice loop process could not be replaced: %s", exc)
+            with self._lock:
+                self._replacing.remove(dead)
+            return
+        with self._lock:
+            self._replacing.remove(dead)
+            shut = self._shut
+            if not shut:
+                self.loop_processes[self.loop_processes.index(dead)] = fresh
+        (fresh if shut else dead).close()
+        if not shut:
+            log.info("a CosyVoice loop process (pid %d) replaces pid %d", fresh.pid, dead.pid)
 
     def new_state(self, options: Mapping[str, Any]) -> CosyVoiceState:
         seed = options["seed"]
@@ -281,6 +318,8 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
 
     def shutdown(self) -> None:
         """Stop the batch loops, if any (the model itself is released by the loader)."""
+        with self._lock:
+            self._shut = True
         if self.batcher is not None:
             self.batcher.close()
         for loop in self.loop_processes:
