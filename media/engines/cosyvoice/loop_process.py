@@ -15,9 +15,10 @@ request, its voice prompt and its random generator's state, then one message per
 chunk (a hop, 0.4-4 s of audio, not a 20 ms frame) and, at the end, the generator's state,
 written back into the session's generator: a seeded session draws the same tokens wherever
 its utterances run (the vocoder's excitation noise comes from each process's torch
-generator, in one process as in several). A cancel (or the listener leaving) is sent on within ``WATCH_S``; the loop
-drops the utterance at its next step. If the process dies, its utterances end with
-``LlmFailed``, the engine places no more on it and starts another in its place.
+generator, in one process as in several). A cancel (or the listener leaving) is sent on
+within ``WATCH_S``; the loop drops the utterance at its next step. If the process dies, its
+utterances end with ``LlmFailed``, the engine places no more on it and starts another in its
+place.
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ class CosyVoiceEngine(SpeakEngine[CosyVoiceState]):
         try:
             fresh = LoopProcess(dead.values)
             fresh.wait_ready()
-        except LlmFailed as exc:  # tried again at a later placement
+        except (LlmFailed, OSError) as exc:  # tried again at a later placement
             log.warning("a CosyVoice loop process could not be replaced: %s", exc)
             with self._lock:
                 self._replacing.remove(dead)
