@@ -105,11 +105,16 @@ def _wait_until_ready(
 def server_process(args: Sequence[str], core: int | None = 0) -> Iterator[str]:
     """Run ``python -m server serve`` on a free loopback port; yield its base URL."""
     port = free_port()
+    with spawned_server(serve_command(port, args), port, core) as handle:
+        yield handle.url
+
+
+def serve_command(port: int, args: Sequence[str]) -> list[str]:
+    """``python -m server serve`` on 127.0.0.1:``port`` with ``args``."""
     command = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1"]
     # Every caller of a benchmark comes from 127.0.0.1: no per-client cap.
     command += ["--port", str(port), "--ice-host", "127.0.0.1", "--max-client-sessions", "0", *args]
-    with spawned_server(command, port, core) as handle:
-        yield handle.url
+    return command
 
 
 def process_cpu_seconds(pid: int) -> float:

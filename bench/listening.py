@@ -28,6 +28,7 @@ from bench.common import (
     free_port,
     print_table,
     process_cpu_seconds,
+    serve_command,
     spawned_server,
     write_results,
 )
@@ -69,9 +70,8 @@ def main() -> int:
     speech = speech_with_pauses().clean.astype(np.float32)
     audio = np.tile(speech, int(np.ceil((SETTLE_S + args.seconds + 5) * 48_000 / speech.size)))
     port = free_port()
-    command = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--ice-host", "127.0.0.1", "--max-client-sessions", "0", "--workers", "1"]
-    command += ["--engine", "piper", "--model-host", "none", *args.server_flags]
+    flags = ["--workers", "1", "--engine", "piper", "--model-host", "none", *args.server_flags]
+    command = serve_command(port, flags)
     cores: list[float] = []
     with spawned_server(command, port, 0) as handle:
         for _ in range(args.repeat):

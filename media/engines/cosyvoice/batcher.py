@@ -64,11 +64,38 @@ DEFAULT_SLOTS = 32
 DEFAULT_MAX_HOPS = 8
 GATHER_STEPS = 3
 STOP_JOIN_SECONDS = 5.0
-_END = object()
+END_OF_AUDIO = object()  # put on an utterance's output after its last chunk
+
+
+class DeliveredAudio:
+    """An utterance's side towards its listener: the chunks on ``output`` until
+    ``END_OF_AUDIO`` or an exception, read until ``cancel`` or ``left`` is set (the
+    utterances of this loop and of a loop process alike)."""
+
+    cancel: threading.Event
+    left: threading.Event  # the listener is gone
+    output: queue.SimpleQueue[Any]
+
+    @property
+    def stopped(self) -> bool:
+        return self.cancel.is_set() or self.left.is_set()
+
+    def audio(self) -> Iterator[np.ndarray]:
+        """The utterance's chunks as they are rendered; ends early once cancelled."""
+        try:
+            while not self.stopped:
+                item = self.output.get()
+                if item is END_OF_AUDIO or self.stopped:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.left.set()
 
 
 @dataclass(eq=False)
-class Utterance:
+class Utterance(DeliveredAudio):
     """One utterance in the batch: what it says, its voice, and everything it holds."""
 
     request: LlmRequest
@@ -87,23 +114,6 @@ class Utterance:
     steps: int = 0  # model calls made for it (the prefill is the first)
     held: int = 0  # passes its ready first hop waited for others to join its render
     tokens_after_stop: int = 0  # tokens sampled after a cancel was set (for tests)
-
-    @property
-    def stopped(self) -> bool:
-        return self.cancel.is_set() or self.left.is_set()
-
-    def audio(self) -> Iterator[np.ndarray]:
-        """The utterance's chunks as they are rendered; ends early once cancelled."""
-        try:
-            while not self.stopped:
-                item = self.output.get()
-                if item is _END or self.stopped:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.left.set()
 
 
 class CosyVoiceBatcher:
@@ -200,7 +210,7 @@ class CosyVoiceBatcher:
                 self._fail(list(dict.fromkeys([*self._active, *admitted])), exc, exc)
         with self._changed:
             for utterance in (*self._active, *self._waiting):
-                utterance.output.put(_END)
+                utterance.output.put(END_OF_AUDIO)
             self._active, self._waiting = [], []
 
     def _pass(self, admitted: list[Utterance]) -> None:
@@ -344,7 +354,7 @@ class CosyVoiceBatcher:
         self._rows.pop()
         utterance.row = None
 
-    def _finish(self, utterance: Utterance, ending: Any = _END) -> None:
+    def _finish(self, utterance: Utterance, ending: Any = END_OF_AUDIO) -> None:
         self._leave_rows(utterance)
         utterance.decoding = False
         with self._changed:

@@ -32,14 +32,14 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
 import torch
 
+from media.engines.cosyvoice.batcher import END_OF_AUDIO, DeliveredAudio
 from media.engines.cosyvoice.prompts import SpeakerPrompt
 from media.engines.cosyvoice.schedule import HopSchedule
 from media.engines.cosyvoice.tokens import LlmFailed, LlmRequest
@@ -49,36 +49,18 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 300.0  # a spawned process imports torch and loads the model
 WATCH_S = 0.01  # how often cancels are looked for, while there are utterances
 STOP_JOIN_S = 5.0
-_END = object()
 
 
 @dataclass(eq=False)
-class RemoteUtterance:
-    """One utterance placed on a loop process, as the engine sees it."""
+class RemoteUtterance(DeliveredAudio):
+    """One utterance placed on a loop process, as the engine sees it; the process ends its
+    audio within a step of a cancel reaching it, or this end fails it if the process dies."""
 
     generator: torch.Generator
     cancel: threading.Event
     output: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
     left: threading.Event = field(default_factory=threading.Event)
     stop_sent: bool = False
-
-    @property
-    def stopped(self) -> bool:
-        return self.cancel.is_set() or self.left.is_set()
-
-    def audio(self) -> Iterator[np.ndarray]:
-        """The chunks as the process sends them; ends early once cancelled (the process
-        ends it within a step of the cancel reaching it, or fails it if it dies)."""
-        try:
-            while not self.stopped:
-                item = self.output.get()
-                if item is _END or self.stopped:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.left.set()
 
 
 class LoopProcess:
@@ -192,7 +174,7 @@ class LoopProcess:
             elif kind == "end":
                 if not utterance.stopped:  # a cancelled one's next utterance may have begun
                     utterance.generator.set_state(detail)
-                utterance.output.put(_END)
+                utterance.output.put(END_OF_AUDIO)
             else:
                 utterance.output.put(LlmFailed(f"speech synthesis failed: {detail}"))
 
